@@ -1,0 +1,35 @@
+"""sbs_widget: run a torch.export program and its ONNX export side by side, align their intermediate
+values, measure every pair and point at the node where the difference starts."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (
+    InputError,
+    LoadError,
+    ModelMismatchError,
+    SbsError,
+    SbsWidgetWarning,
+    ToleranceExceeded,
+)
+from .examples import dummy_llm
+from .records import Record, to_dataframe
+
+__all__ = [
+    "InputError",
+    "LoadError",
+    "ModelMismatchError",
+    "Record",
+    "SbsError",
+    "SbsWidgetWarning",
+    "ToleranceExceeded",
+    "dummy_llm",
+    "to_dataframe",
+]
+
+# --- engine (issue 2) ---
+# --- dumps (issue 3) ---
+# --- widget (issue 4) ---
+# --- graphs (issue 5) ---
+# --- culprits (issue 6) ---

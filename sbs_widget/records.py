@@ -1,0 +1,95 @@
+"""What a comparison produces: one ``Record`` per compared pair of values, and their DataFrame.
+
+Field names follow onnx-diagnostic's ``RunAlignedRecord`` so that its users can switch without
+renaming columns; ``err_local``, ``status``, ``module`` and a few others are ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Iterable
+
+# Values of Record.status.
+OK = "ok"                  # both sides agree within tolerance
+MISMATCH = "mismatch"      # beyond tolerance (or NaN/Inf disagree)
+ONE_SIDED = "one-sided"    # the value exists on one side only, nothing to compare
+RESET = "reset"            # compared, then the torch value replaced the ONNX one downstream
+ERROR = "error"            # one side failed to produce the value (see comment)
+STATUSES = (OK, MISMATCH, ONE_SIDED, RESET, ERROR)
+
+# Values of Record.kind: what the pair is.
+KIND_INPUT = "input"
+KIND_WEIGHT = "weight"
+KIND_NODE = "node"
+KIND_OUTPUT = "output"
+
+
+@dataclass
+class Record:
+    """One compared pair: a value of the torch.export program and its ONNX twin.
+
+    ``ep_*`` fields describe the FX side, ``onnx_*`` the ONNX side; ``None`` where a side is absent.
+    Errors are ``None`` when nothing could be compared (one-sided or error records).
+
+    - ``err_abs``: max |torch - onnx|
+    - ``err_rel``: max |torch - onnx| / max(|torch|, 1e-6), element-wise
+    - ``err_dev``: root mean square of torch - onnx
+    - ``err_nan``: number of elements where the NaN/Inf pattern differs between both sides
+    - ``err_h01`` / ``err_h001``: number of elements with |torch - onnx| > 0.1 / > 0.01
+    - ``err_local``: max |torch - onnx| when the ONNX node (or its fused group) runs on torch inputs
+      (``node_local=True``): a large value means this node creates the error, a small one that it only
+      inherits it.
+    """
+
+    ep_id_node: int | None = None
+    onnx_id_node: int | None = None
+    ep_name: str | None = None
+    onnx_name: str | None = None
+    ep_target: str | None = None
+    onnx_op_type: str | None = None
+    onnx_id_output: int | None = None
+    ep_shape_type: str | None = None
+    onnx_shape_type: str | None = None
+    err_abs: float | None = None
+    err_rel: float | None = None
+    err_dev: float | None = None
+    err_nan: int | None = None
+    err_h01: int | None = None
+    err_h001: int | None = None
+    ep_time_run: float | None = None
+    onnx_time_run: float | None = None
+    comment: str = ""
+    err_local: float | None = None
+    status: str = OK
+    module: str = ""
+    # ours, beyond onnx-diagnostic's fields
+    kind: str = KIND_NODE
+    ep_origin: str | None = None      # the node of the user's ExportedProgram this value comes from
+    onnx_node_name: str | None = None  # name of the ONNX node producing onnx_name
+    stack_trace: str = ""               # last line of the torch stack trace
+    n_elements: int | None = None
+    within_tolerance: bool | None = None
+    histogram: tuple[int, ...] | None = field(default=None, repr=False)  # counts of |diff| per decade
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+HISTOGRAM_EDGES = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+"""Left edges of the |diff| histogram stored in ``Record.histogram`` (last bucket is open)."""
+
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+
+
+def to_dataframe(records: Iterable[Record]):
+    """One row per record, columns in ``Record`` field order.
+
+    >>> import sbs_widget
+    >>> sbs_widget.to_dataframe([sbs_widget.Record(ep_name="x", err_abs=0.0)]).shape[0]
+    1
+    """
+    import pandas
+
+    rows = [r.to_dict() if isinstance(r, Record) else dict(r) for r in records]
+    return pandas.DataFrame(rows, columns=list(RECORD_FIELDS))
