@@ -1,0 +1,19 @@
+// CSV of the rows on screen (filtered, sorted), every field of the records.
+
+function cell(v) {
+  if (v === null || v === undefined) return "";
+  if (Array.isArray(v)) v = v.join(" ");
+  const s = typeof v === "number" && !Number.isFinite(v) ? (Number.isNaN(v) ? "NaN" : v > 0 ? "inf" : "-inf") : String(v);
+  return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+export function toCSV(rows, columns, index) {
+  const keys = ["i", ...columns.filter((c) => c !== "i")];
+  const lines = [keys.join(",")];
+  const order = index || rows.map((_, k) => k);
+  for (const k of order) {
+    const row = rows[k];
+    lines.push(keys.map((c) => cell(row[c])).join(","));
+  }
+  return lines.join("\n") + "\n";
+}

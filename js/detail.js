@@ -1,0 +1,64 @@
+// The detail of one record: both sides, every error figure and the |diff| histogram.
+
+import { h, clear } from "./dom.js";
+import { colorFor, fmtErr, fmtInt, fmtSeconds } from "./format.js";
+
+// Left edges of the histogram buckets (sbs_widget.records.HISTOGRAM_EDGES); last bucket open.
+export const HISTOGRAM_EDGES = [0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 10];
+
+function kv(pairs) {
+  const grid = h("div", { class: "sbs-kv" });
+  for (const [k, v] of pairs) {
+    if (v === null || v === undefined || v === "") continue;
+    grid.append(h("div", { text: k }), h("div", { text: v }));
+  }
+  return grid;
+}
+
+function histogram(counts, atol) {
+  const max = Math.max(1, ...counts);
+  const bars = h("div", { class: "sbs-hist" });
+  const labels = h("div", { class: "sbs-hist-labels" });
+  counts.forEach((n, b) => {
+    const lo = HISTOGRAM_EDGES[b];
+    const hi = HISTOGRAM_EDGES[b + 1];
+    const range = hi === undefined ? `≥ ${lo.toExponential(0)}` : `[${lo === 0 ? "0" : lo.toExponential(0)}, ${hi.toExponential(0)})`;
+    // log height: one element beyond tolerance must stay visible next to a million within it
+    const height = n ? 8 + 92 * (Math.log10(n + 1) / Math.log10(max + 1)) : 0;
+    const bar = h("div", { class: "sbs-hist-bar", style: { height: `${height}%`, background: colorFor(hi === undefined ? lo * 10 : hi, "ok", atol) } });
+    bars.append(h("div", { title: `${range}: ${fmtInt(n)} elements` }, bar));
+    labels.append(h("div", { text: b === 0 ? "0" : lo.toExponential(0).replace("e", "") }));
+  });
+  return h("div", {}, bars, labels);
+}
+
+/** ctx: {atol, rtol, within: bool|null (at the current tolerances)} */
+export function renderDetail(container, row, ctx) {
+  clear(container);
+  if (!row) {
+    container.append(h("div", { class: "sbs-muted", text: "Click a row to see its detail." }));
+    return;
+  }
+  const verdict = ctx.within === null ? "not compared" : ctx.within ? "within tolerance" : "beyond tolerance";
+  container.append(
+    h("div", { class: "sbs-bar" },
+      h("span", { class: "sbs-badge", "data-status": row.status, text: row.status }),
+      h("span", { class: "sbs-muted", text: `#${row.i} · ${row.kind} · ${verdict}` })),
+    h("h4", { text: "torch.export (FX)" }),
+    kv([["name", row.ep_name], ["target", row.ep_target], ["shape", row.ep_shape_type], ["origin", row.ep_origin],
+      ["time", fmtSeconds(row.ep_time_run)]]),
+    h("h4", { text: "ONNX" }),
+    kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
+      ["time", fmtSeconds(row.onnx_time_run)]]),
+    h("h4", { text: "errors" }),
+    kv([["err_abs", fmtErr(row.err_abs)], ["err_rel", fmtErr(row.err_rel)], ["err_dev", fmtErr(row.err_dev)],
+      ["err_local", fmtErr(row.err_local)], ["err_nan", row.err_nan], ["> 0.1", fmtInt(row.err_h01)],
+      ["> 0.01", fmtInt(row.err_h001)], ["elements", fmtInt(row.n_elements)]]),
+  );
+  if (Array.isArray(row.histogram) && row.histogram.length) {
+    container.append(h("h4", { text: "|diff| histogram (log10 edges)" }), histogram(row.histogram, ctx.atol));
+  }
+  if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: row.module }));
+  if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: row.stack_trace }));
+  if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: row.comment }));
+}

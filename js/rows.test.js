@@ -1,0 +1,95 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { RunRows, decodeRows, filterIndex, isWithin, sortIndex } from "./rows.js";
+import { toCSV } from "./csv.js";
+import { colorFor, fmtErr } from "./format.js";
+
+const enc = (x) => new TextEncoder().encode(JSON.stringify(x));
+
+test("decodeRows restores NaN / inf sent as strings, numbers the rows from start", () => {
+  const rows = decodeRows(enc([["a", "NaN"], ["b", "Infinity"], ["c", 0.5]]), ["ep_name", "err_abs"], 10);
+  assert.equal(rows[0].i, 10);
+  assert.ok(Number.isNaN(rows[0].err_abs));
+  assert.equal(rows[1].err_abs, Infinity);
+  assert.equal(rows[2].err_abs, 0.5);
+  assert.equal(rows[2].ep_name, "c");
+});
+
+test("RunRows trims overlapping batches and refuses gaps", () => {
+  const st = new RunRows();
+  const r = (a, b) => Array.from({ length: b - a }, (_, k) => ({ i: a + k }));
+  assert.equal(st.add(0, r(0, 3)), true);
+  assert.equal(st.add(5, r(5, 7)), false); // gap: 3, 4 missing
+  assert.equal(st.add(1, r(1, 5)), true); // overlap 1..2 dropped
+  assert.deepEqual(st.rows.map((x) => x.i), [0, 1, 2, 3, 4]);
+});
+
+test("sortIndex: numeric, empty values last both ways, NaN as the worst", () => {
+  const rows = [{ e: 1 }, { e: null }, { e: NaN }, { e: 3 }, { e: 0 }];
+  const idx = () => Uint32Array.from(rows.keys());
+  assert.deepEqual([...sortIndex(idx(), rows, "err_abs", 1)].length, 5);
+  const rs = rows.map((r) => ({ err_abs: r.e }));
+  assert.deepEqual([...sortIndex(idx(), rs, "err_abs", -1)], [2, 3, 0, 4, 1]);
+  assert.deepEqual([...sortIndex(idx(), rs, "err_abs", 1)], [4, 0, 3, 2, 1]);
+  const names = [{ ep_name: "b" }, { ep_name: null }, { ep_name: "a" }];
+  assert.deepEqual([...sortIndex(Uint32Array.from([0, 1, 2]), names, "ep_name", 1)], [2, 0, 1]);
+  assert.deepEqual([...sortIndex(Uint32Array.from([0, 1, 2]), names, "ep_name", -1)], [0, 2, 1]);
+});
+
+test("filterIndex: words, status, range, beyond tolerance", () => {
+  const rows = [
+    { ep_name: "linear_1", onnx_op_type: "MatMul", module: "decoder.mlp", err_abs: 1e-3, err_rel: 1e-3, status: "mismatch", within_tolerance: false },
+    { ep_name: "add", onnx_op_type: "Add", module: "decoder", err_abs: 1e-7, err_rel: 1e-7, status: "ok", within_tolerance: true },
+    { ep_name: "x", onnx_op_type: null, module: "", err_abs: null, status: "one-sided" },
+  ];
+  const tol = { atol: 1e-4, rtol: 1e-4, runAtol: 1e-4, runRtol: 1e-4 };
+  assert.deepEqual([...filterIndex(rows, { text: "matmul MLP" }, tol)], [0]);
+  assert.deepEqual([...filterIndex(rows, { text: "decoder" }, tol)], [0, 1]);
+  assert.deepEqual([...filterIndex(rows, { status: "ok" }, tol)], [1]);
+  assert.deepEqual([...filterIndex(rows, { min: "1e-5" }, tol)], [0]);
+  assert.deepEqual([...filterIndex(rows, { max: "1e-5" }, tol)], [1]);
+  assert.deepEqual([...filterIndex(rows, { beyond: true }, tol)], [0]);
+  // a looser atol than the run's: the maxima decide
+  assert.deepEqual([...filterIndex(rows, { beyond: true }, { ...tol, atol: 1e-2 })], []);
+});
+
+test("isWithin uses the engine's verdict at the run's tolerances only", () => {
+  const row = { err_abs: 2e-4, err_rel: 1, status: "mismatch", within_tolerance: false, err_nan: 0 };
+  assert.equal(isWithin(row, 1e-4, 1e-4, 1e-4, 1e-4), false);
+  assert.equal(isWithin(row, 1e-3, 1e-4, 1e-4, 1e-4), true);
+  assert.equal(isWithin({ err_abs: null, status: "one-sided" }, 1, 1, 1, 1), null);
+  assert.equal(isWithin({ ...row, err_nan: 2 }, 1, 1, 1e-4, 1e-4), false);
+});
+
+test("toCSV quotes commas, quotes and newlines; writes NaN/inf", () => {
+  const csv = toCSV([{ i: 0, ep_name: 'a,"b"\nc', err_abs: NaN, histogram: [1, 2] }], ["ep_name", "err_abs", "histogram"]);
+  assert.equal(csv, 'i,ep_name,err_abs,histogram\n0,"a,""b""\nc",NaN,1 2\n');
+});
+
+test("colorFor: green within atol, yellow to red beyond, red for NaN and errors, none when not compared", () => {
+  assert.match(colorFor(1e-6, "ok", 1e-4), /^hsla\(140/);
+  assert.match(colorFor(2e-4, "mismatch", 1e-4), /^hsla\(4\d,/);
+  assert.match(colorFor(10, "mismatch", 1e-4), /^hsla\(0,/);
+  assert.match(colorFor(NaN, "mismatch", 1e-4), /^hsla\(0,/);
+  assert.match(colorFor(null, "error", 1e-4), /^hsla\(0,/);
+  assert.equal(colorFor(null, "one-sided", 1e-4), "transparent");
+  // the same error changes color with atol (re-coloring without rerunning)
+  assert.notEqual(colorFor(1e-3, "ok", 1e-4), colorFor(1e-3, "ok", 1e-2));
+  assert.equal(fmtErr(0.000123), "1.23e-4");
+});
+
+test("sorting and filtering 50,000 rows stays well under 200 ms", () => {
+  const rows = Array.from({ length: 50000 }, (_, k) => ({ i: k, ep_name: `node_${k}`, onnx_op_type: "Add", module: `m${k % 50}`, err_abs: ((k * 7919) % 100003) * 1e-9, status: "ok" }));
+  let t = performance.now();
+  const idx = filterIndex(rows, { text: "node_1" }, {});
+  const filterMs = performance.now() - t;
+  t = performance.now();
+  sortIndex(Uint32Array.from(rows.keys()), rows, "err_abs", -1);
+  const sortMs = performance.now() - t;
+  t = performance.now();
+  sortIndex(Uint32Array.from(rows.keys()), rows, "ep_name", 1);
+  const sortNameMs = performance.now() - t;
+  console.log(`50,000 rows (node): filter ${filterMs.toFixed(1)} ms, sort err_abs ${sortMs.toFixed(1)} ms, sort name ${sortNameMs.toFixed(1)} ms`);
+  assert.ok(idx.length > 10000);
+  assert.ok(filterMs < 200 && sortMs < 200 && sortNameMs < 200);
+});

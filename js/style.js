@@ -1,0 +1,93 @@
+// The view's CSS, injected into each view (it must work in JupyterLab, Notebook 7 and the offline
+// report page alike). Colors come from JupyterLab's variables so dark themes just work.
+
+export const ROW_HEIGHT = 22;
+export const VIEW_HEIGHT = 396; // 18 rows
+
+export const CSS = `
+.sbs-root {
+  --sbs-fg: var(--jp-ui-font-color1, #1f2328);
+  --sbs-fg2: var(--jp-ui-font-color2, #59636e);
+  --sbs-bg: var(--jp-layout-color1, #ffffff);
+  --sbs-bg2: var(--jp-layout-color2, #f3f4f6);
+  --sbs-border: var(--jp-border-color2, #d8dee4);
+  --sbs-accent: var(--jp-brand-color1, #1f6feb);
+  --sbs-mono: var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);
+  --sbs-font: var(--jp-ui-font-family, system-ui, -apple-system, "Segoe UI", sans-serif);
+  font: 12px/1.4 var(--sbs-font); color: var(--sbs-fg); background: var(--sbs-bg);
+  border: 1px solid var(--sbs-border); border-radius: 4px; padding: 6px; box-sizing: border-box;
+  display: flex; flex-direction: column; gap: 6px; min-width: 0;
+}
+.sbs-root *, .sbs-root *::before, .sbs-root *::after { box-sizing: border-box; }
+.sbs-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 10px; min-height: 24px; }
+.sbs-title { font-weight: 600; }
+.sbs-muted { color: var(--sbs-fg2); }
+.sbs-mono, .sbs-num { font-family: var(--sbs-mono); font-variant-numeric: tabular-nums; }
+.sbs-spacer-flex { flex: 1; }
+.sbs-root button {
+  font: inherit; color: var(--sbs-fg); background: var(--sbs-bg2); border: 1px solid var(--sbs-border);
+  border-radius: 3px; padding: 1px 8px; height: 22px; cursor: pointer;
+}
+.sbs-root button:hover:not(:disabled) { border-color: var(--sbs-accent); }
+.sbs-root button:disabled { opacity: 0.45; cursor: default; }
+.sbs-root button.sbs-primary { background: var(--sbs-accent); color: #fff; border-color: var(--sbs-accent); }
+.sbs-root input[type=text], .sbs-root input[type=number], .sbs-root select {
+  font: inherit; color: var(--sbs-fg); background: var(--sbs-bg); border: 1px solid var(--sbs-border);
+  border-radius: 3px; height: 22px; padding: 0 4px;
+}
+.sbs-root input.sbs-tol { width: 72px; font-family: var(--sbs-mono); }
+.sbs-root input.sbs-range { width: 64px; font-family: var(--sbs-mono); }
+.sbs-root label { display: inline-flex; align-items: center; gap: 4px; white-space: nowrap; }
+.sbs-badge { display: inline-block; padding: 0 6px; border-radius: 9px; font-size: 11px; line-height: 18px;
+  background: var(--sbs-bg2); border: 1px solid var(--sbs-border); white-space: nowrap; }
+.sbs-badge[data-status=running], .sbs-badge[data-status=preparing] { border-color: var(--sbs-accent); color: var(--sbs-accent); }
+.sbs-badge[data-status=done] { border-color: hsl(140, 45%, 40%); color: hsl(140, 45%, 40%); }
+.sbs-badge[data-status=error], .sbs-badge[data-status=stopped] { border-color: hsl(0, 70%, 50%); color: hsl(0, 70%, 50%); }
+.sbs-meter { width: 140px; height: 6px; border-radius: 3px; background: var(--sbs-bg2); overflow: hidden;
+  border: 1px solid var(--sbs-border); }
+.sbs-meter > div { height: 100%; background: var(--sbs-accent); width: 0; transition: width 120ms linear; }
+.sbs-chip { display: inline-flex; align-items: center; gap: 3px; padding: 0 6px; border-radius: 3px;
+  background: var(--sbs-bg2); font-family: var(--sbs-mono); font-size: 11px; line-height: 18px; }
+.sbs-chip[data-status=mismatch], .sbs-chip[data-status=error] { color: hsl(0, 70%, 50%); }
+.sbs-chip button { height: 16px; padding: 0 3px; border: none; background: none; line-height: 1; }
+.sbs-current { max-width: 320px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.sbs-message { color: hsl(0, 70%, 50%); font-family: var(--sbs-mono); white-space: pre-wrap; }
+.sbs-compare { background: var(--sbs-bg2); border-radius: 3px; padding: 4px 8px; }
+.sbs-compare details { display: inline-block; margin-left: 8px; }
+.sbs-compare ul { margin: 2px 0 0; padding-left: 18px; max-height: 120px; overflow: auto; font-family: var(--sbs-mono); }
+.sbs-main { display: flex; gap: 6px; min-height: 0; align-items: stretch; }
+.sbs-table { flex: 1 1 auto; min-width: 0; border: 1px solid var(--sbs-border); border-radius: 3px; }
+.sbs-scroll { height: ${VIEW_HEIGHT + ROW_HEIGHT + 2}px; overflow: auto; position: relative; outline: none; }
+.sbs-grid { display: grid; grid-template-columns: var(--sbs-cols); min-width: 900px; }
+.sbs-head { position: sticky; top: 0; z-index: 2; background: var(--sbs-bg2); border-bottom: 1px solid var(--sbs-border);
+  height: ${ROW_HEIGHT + 2}px; }
+.sbs-head > div { padding: 3px 6px; font-weight: 600; cursor: pointer; user-select: none; white-space: nowrap;
+  overflow: hidden; text-overflow: ellipsis; }
+.sbs-head > div[data-sort]::after { content: attr(data-sort); margin-left: 3px; color: var(--sbs-accent); }
+.sbs-body { position: relative; min-width: 900px; }
+.sbs-row { position: absolute; left: 0; right: 0; height: ${ROW_HEIGHT}px; cursor: pointer;
+  border-bottom: 1px solid color-mix(in srgb, var(--sbs-border) 50%, transparent); }
+.sbs-row:hover { outline: 1px solid var(--sbs-border); outline-offset: -1px; }
+.sbs-row.sbs-selected { outline: 2px solid var(--sbs-accent); outline-offset: -2px; }
+.sbs-row > div { padding: 0 6px; line-height: ${ROW_HEIGHT}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.sbs-row > div.sbs-num, .sbs-head > div.sbs-num { text-align: right; }
+.sbs-row input { margin: 0; vertical-align: middle; }
+.sbs-empty { padding: 16px; color: var(--sbs-fg2); text-align: center; }
+.sbs-foot { padding: 2px 6px; border-top: 1px solid var(--sbs-border); color: var(--sbs-fg2); display: flex; gap: 12px; }
+.sbs-detail { flex: 0 0 300px; border: 1px solid var(--sbs-border); border-radius: 3px; padding: 6px 8px;
+  overflow: auto; max-height: ${VIEW_HEIGHT + ROW_HEIGHT + 26}px; }
+.sbs-detail h4 { margin: 6px 0 2px; font-size: 11px; text-transform: uppercase; letter-spacing: 0.04em; color: var(--sbs-fg2); }
+.sbs-kv { display: grid; grid-template-columns: max-content 1fr; gap: 1px 8px; }
+.sbs-kv > div:nth-child(odd) { color: var(--sbs-fg2); }
+.sbs-kv > div:nth-child(even) { font-family: var(--sbs-mono); overflow-wrap: anywhere; }
+.sbs-trace { font-family: var(--sbs-mono); white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11px; }
+.sbs-hist { display: flex; align-items: flex-end; gap: 2px; height: 54px; margin-top: 4px; }
+.sbs-hist > div { flex: 1; display: flex; flex-direction: column; justify-content: flex-end; align-items: center; height: 100%; }
+.sbs-hist-bar { width: 100%; min-height: 1px; border-radius: 2px 2px 0 0; }
+.sbs-hist-labels { display: flex; gap: 2px; font-family: var(--sbs-mono); font-size: 9px; color: var(--sbs-fg2); }
+.sbs-hist-labels > div { flex: 1; text-align: center; overflow: hidden; }
+.sbs-reset { display: flex; flex-wrap: wrap; align-items: center; gap: 4px 8px; }
+.sbs-reset input[type=text] { width: 220px; font-family: var(--sbs-mono); }
+.sbs-graphs-box > summary { cursor: pointer; color: var(--sbs-fg2); }
+.sbs-graphs-host { min-height: 40px; }
+`;

@@ -1,0 +1,151 @@
+// The virtualized diff table: a fixed pool of row elements repositioned on scroll, so the DOM holds
+// about 30 rows whatever the run's size. Sorting and filtering work on an index (js/rows.js).
+
+import { h, clear } from "./dom.js";
+import { fmtErr, fmtInt } from "./format.js";
+import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
+
+const OVERSCAN = 6;
+
+export const COLUMNS = [
+  { key: "_tick", label: "", width: "26px", title: "tick to add the row's name to the reset set" },
+  { key: "i", label: "#", width: "50px", num: true, title: "execution order" },
+  { key: "status", label: "status", width: "76px" },
+  { key: "kind", label: "kind", width: "54px" },
+  { key: "ep_name", label: "FX name", width: "minmax(110px, 1.2fr)" },
+  { key: "onnx_name", label: "ONNX name", width: "minmax(110px, 1.2fr)" },
+  { key: "onnx_op_type", label: "op", width: "minmax(60px, 0.5fr)" },
+  { key: "ep_shape_type", label: "shape", width: "minmax(80px, 0.7fr)" },
+  { key: "err_abs", label: "err_abs", width: "74px", num: true, err: true },
+  { key: "err_rel", label: "err_rel", width: "74px", num: true, err: true },
+  { key: "err_local", label: "err_local", width: "74px", num: true, err: true },
+  { key: "module", label: "module", width: "minmax(90px, 1fr)" },
+];
+
+function cellText(col, row) {
+  const v = row[col.key];
+  if (col.err) return fmtErr(v);
+  if (col.key === "i") return fmtInt(v);
+  return v === null || v === undefined ? "" : String(v);
+}
+
+/** opts: {onSort(key), onSelect(k), onToggle(k), isTicked(row), colorOf(row), canTick} */
+export function createTable(opts) {
+  const head = h("div", { class: "sbs-head sbs-grid", role: "row" });
+  const body = h("div", { class: "sbs-body", role: "rowgroup" });
+  const empty = h("div", { class: "sbs-empty", text: "No rows yet." });
+  const scroll = h("div", { class: "sbs-scroll", tabindex: "0", role: "grid" }, head, body, empty);
+  const foot = h("div", { class: "sbs-foot sbs-mono" });
+  const el = h("div", { class: "sbs-table" }, scroll, foot);
+  el.style.setProperty("--sbs-cols", COLUMNS.map((c) => c.width).join(" "));
+
+  let rows = [];
+  let index = new Uint32Array(0);
+  let selected = -1; // position in rows (record i), not in index
+  let sort = { key: null, dir: 1 };
+  const pool = [];
+
+  for (const col of COLUMNS) {
+    const cell = h("div", { class: col.num ? "sbs-num" : "", title: col.title || col.key, text: col.label, "data-key": col.key });
+    if (col.key !== "_tick") cell.addEventListener("click", () => opts.onSort(col.key));
+    head.append(cell);
+  }
+
+  function makeRow() {
+    const tick = h("input", { type: "checkbox", tabindex: "-1", "aria-label": "reset" });
+    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", {}, tick) : h("div", { class: col.num ? "sbs-num" : "" })));
+    const rowEl = h("div", { class: "sbs-row sbs-grid", role: "row" }, cells);
+    rowEl._cells = cells;
+    rowEl._tick = tick;
+    body.append(rowEl);
+    return rowEl;
+  }
+
+  function paint(rowEl, pos) {
+    const k = index[pos];
+    const row = rows[k];
+    rowEl.style.transform = `translateY(${pos * ROW_HEIGHT}px)`;
+    rowEl.style.display = "";
+    rowEl.dataset.k = String(k);
+    rowEl.style.background = opts.colorOf(row);
+    rowEl.classList.toggle("sbs-selected", k === selected);
+    for (let c = 1; c < COLUMNS.length; c++) {
+      const text = cellText(COLUMNS[c], row);
+      const cell = rowEl._cells[c];
+      if (cell.textContent !== text) {
+        cell.textContent = text;
+        cell.title = text;
+      }
+    }
+    rowEl._tick.checked = opts.isTicked(row);
+    rowEl._tick.disabled = !opts.canTick() || !(row.ep_name || row.onnx_name);
+  }
+
+  let frame = 0;
+  function render() {
+    frame = 0;
+    body.style.height = `${index.length * ROW_HEIGHT}px`;
+    empty.style.display = index.length ? "none" : "";
+    empty.textContent = rows.length ? "No row matches the filter." : "No rows yet.";
+    const viewport = scroll.clientHeight || VIEW_HEIGHT + ROW_HEIGHT; // 0 before layout (or in jsdom)
+    const top = Math.max(0, scroll.scrollTop);
+    const first = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
+    const last = Math.min(index.length, Math.ceil((top + viewport) / ROW_HEIGHT) + OVERSCAN);
+    while (pool.length < last - first) pool.push(makeRow());
+    for (let p = 0; p < pool.length; p++) {
+      if (first + p < last) paint(pool[p], first + p);
+      else pool[p].style.display = "none";
+    }
+    for (const cell of head.children) {
+      if (cell.dataset.key === sort.key) cell.dataset.sort = sort.dir > 0 ? "▲" : "▼";
+      else delete cell.dataset.sort;
+    }
+  }
+  const schedule = () => { if (!frame) frame = requestAnimationFrame(render); };
+  scroll.addEventListener("scroll", schedule, { passive: true });
+
+  body.addEventListener("click", (ev) => {
+    const rowEl = ev.target.closest(".sbs-row");
+    if (!rowEl) return;
+    const k = Number(rowEl.dataset.k);
+    if (ev.target === rowEl._tick) opts.onToggle(k);
+    else opts.onSelect(k);
+  });
+  scroll.addEventListener("keydown", (ev) => {
+    if (ev.key !== "ArrowDown" && ev.key !== "ArrowUp") return;
+    ev.preventDefault();
+    const pos = index.indexOf(selected);
+    const next = Math.max(0, Math.min(index.length - 1, pos + (ev.key === "ArrowDown" ? 1 : -1)));
+    if (index.length) opts.onSelect(index[next]);
+  });
+
+  return {
+    el,
+    /** New data: rows, the filtered + sorted index into them, the sort shown in the header. */
+    set(newRows, newIndex, newSort) {
+      rows = newRows;
+      index = newIndex;
+      sort = newSort;
+      render(); // synchronous: sorting a column shows its result in the same task
+    },
+    setFooter(parts) {
+      clear(foot);
+      for (const p of parts) foot.append(h("span", { text: p }));
+    },
+    repaint: render,
+    select(k, reveal = false) {
+      selected = k;
+      if (reveal) {
+        const pos = index.indexOf(k);
+        if (pos >= 0) {
+          const y = pos * ROW_HEIGHT;
+          const viewport = scroll.clientHeight || VIEW_HEIGHT;
+          if (y < scroll.scrollTop || y > scroll.scrollTop + viewport - 2 * ROW_HEIGHT) scroll.scrollTop = Math.max(0, y - viewport / 2);
+        }
+      }
+      render();
+    },
+    get rowCount() { return body.querySelectorAll(".sbs-row:not([style*='display: none'])").length; },
+    destroy() { if (frame) cancelAnimationFrame(frame); },
+  };
+}

@@ -1,0 +1,306 @@
+// The whole view of one SbsWidget: toolbar + progress, filters, the table and its detail, the reset
+// panel, the graphs area. One instance per displayed output; all durable state is in the model, rows
+// are asked for (get_rows) until the view holds as many as the model says exist.
+
+import { h } from "./dom.js";
+import { CSS } from "./style.js";
+import { colorFor, fmtInt } from "./format.js";
+import { RunRows, decodeRows, filterIndex, isNumeric, isWithin, sortIndex, toNumber } from "./rows.js";
+import { createTable } from "./table.js";
+import { renderDetail } from "./detail.js";
+import { createProgress } from "./progress.js";
+import { renderCompare } from "./compare.js";
+import { createResetPanel } from "./reset.js";
+import { toCSV } from "./csv.js";
+
+const REQUEST_RETRY_MS = 5000; // a get_rows unanswered this long (kernel restarted) is asked again
+
+export function createView({ model, el, mountGraphs }) {
+  const t0 = performance.now();
+  const live = !model.get("_static");
+  const disposers = [];
+  const on = (event, fn) => { model.on(event, fn); disposers.push(() => model.off(event, fn)); };
+
+  const runs = new Map(); // run id -> RunRows
+  let shown = model.get("run_id");
+  let filter = { text: "", beyond: false, status: "", col: "err_abs", min: "", max: "" };
+  let sort = { key: null, dir: 1 };
+  let index = new Uint32Array(0);
+  let selected = -1;
+  let firstRowMs = null;
+  const rowListeners = new Set();
+  const selectListeners = new Set();
+
+  const runOf = (id) => { if (!runs.has(id)) runs.set(id, new RunRows()); return runs.get(id); };
+  const rowsShown = () => (runs.get(shown) || { rows: [] }).rows;
+  const meta = () => model.get("runs_meta") || [];
+  const progress = () => model.get("progress") || {};
+  const running = () => ["preparing", "running"].includes(model.get("status"));
+  const tolerances = () => {
+    const p = progress();
+    const m = p.run === shown ? p : meta()[shown] || {};
+    return { atol: model.get("atol"), rtol: model.get("rtol"), runAtol: m.atol, runRtol: m.rtol };
+  };
+  const resetNames = () => [...(model.get("reset_names") || [])];
+  const nameOf = (row) => row.ep_name || row.onnx_name || "";
+  const colorOfRow = (row) => colorFor(row.err_abs, row.status, model.get("atol"));
+
+  // --- rows from the kernel ------------------------------------------------------------------
+  function expected(id) {
+    const p = progress();
+    if (id === p.run) return p.n_rows || 0;
+    return (meta()[id] || {}).n_records || 0;
+  }
+  function request(id) {
+    if (id === undefined || id === null || id < 0) return;
+    const st = runOf(id);
+    if (st.rows.length >= expected(id)) return;
+    const now = Date.now();
+    if (st.pendingSince && now - st.pendingSince < REQUEST_RETRY_MS) return;
+    st.pendingSince = now;
+    model.send({ type: "get_rows", run: id, start: st.rows.length });
+  }
+  on("msg:custom", (msg, buffers) => {
+    if (!msg || msg.type !== "rows" || !buffers || !buffers.length) return;
+    const st = runOf(msg.run);
+    if (msg.reply) st.pendingSince = 0;
+    if (msg.start <= st.rows.length && st.add(msg.start, decodeRows(buffers[0], model.get("columns"), msg.start))) {
+      if (msg.run === shown) scheduleRefresh();
+    }
+    request(msg.run);
+  });
+
+  // --- layout ----------------------------------------------------------------------------------
+  const prog = createProgress({ onWorst: () => { const i = progress().worst_i; if (i !== null && i !== undefined && progress().run === shown) select(i, true); } });
+  const stopBtn = h("button", { text: "Stop", title: "end the run; records so far are kept", onclick: () => model.send({ type: "stop" }) });
+  const rerunBtn = h("button", { text: "Rerun", title: "new run with the reset set below", onclick: () => model.send({ type: "rerun" }) });
+  const title = h("span", { class: "sbs-title" });
+
+  const search = h("input", { type: "text", placeholder: "filter names, op, module…", "aria-label": "filter", style: { width: "200px" } });
+  const beyond = h("input", { type: "checkbox" });
+  const statusSel = h("select", { "aria-label": "status" }, ["", "ok", "mismatch", "one-sided", "reset", "error"].map((s) => h("option", { value: s, text: s || "any status" })));
+  const colSel = h("select", { "aria-label": "error column" }, ["err_abs", "err_rel", "err_local", "err_dev"].map((s) => h("option", { value: s, text: s })));
+  const minIn = h("input", { type: "text", class: "sbs-range", placeholder: "min", "aria-label": "min error" });
+  const maxIn = h("input", { type: "text", class: "sbs-range", placeholder: "max", "aria-label": "max error" });
+  const atolIn = h("input", { type: "text", class: "sbs-tol", "aria-label": "atol" });
+  const rtolIn = h("input", { type: "text", class: "sbs-tol", "aria-label": "rtol" });
+  const runSel = h("select", { "aria-label": "run" });
+  const copyBtn = h("button", { text: "Copy CSV", title: "copy the rows shown (filtered, sorted) as CSV" });
+  const dlBtn = h("button", { text: "Download CSV" });
+
+  const table = createTable({
+    onSort: (key) => {
+      sort = sort.key === key ? { key, dir: -sort.dir } : { key, dir: isNumeric(key) && key !== "i" ? -1 : 1 }; // errors: worst first
+      refresh();
+    },
+    onSelect: (k) => select(k, false),
+    onToggle: (k) => toggleReset(rowsShown()[k]),
+    isTicked: (row) => model.get("reset_names").includes(nameOf(row)),
+    colorOf: colorOfRow,
+    canTick: () => live,
+  });
+  const detail = h("div", { class: "sbs-detail" });
+  const compareEl = h("div", { class: "sbs-compare", hidden: true });
+  const reset = createResetPanel({
+    getNames: resetNames,
+    setNames: (names) => { model.set("reset_names", names); model.save_changes(); },
+    onRerun: () => model.send({ type: "rerun" }),
+    live,
+  });
+  const graphsHost = h("div", { class: "sbs-graphs-host" });
+  const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
+
+  const root = h("div", { class: "sbs-root" },
+    h("style", { text: CSS }),
+    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), live ? [stopBtn, rerunBtn] : null),
+    h("div", { class: "sbs-bar" }, ...prog.counts),
+    prog.message,
+    h("div", { class: "sbs-bar" },
+      search, h("label", {}, beyond, "only beyond tolerance"), statusSel,
+      h("label", {}, colSel, minIn, "–", maxIn),
+      h("span", { class: "sbs-spacer-flex" }),
+      h("label", {}, "atol", atolIn), h("label", {}, "rtol", rtolIn), runSel, copyBtn, dlBtn),
+    compareEl,
+    h("div", { class: "sbs-main" }, table.el, detail),
+    reset.el,
+    graphsBox,
+  );
+  el.append(root);
+
+  // --- behaviour -------------------------------------------------------------------------------
+  function refresh() {
+    const rows = rowsShown();
+    const a = performance.now();
+    const idx = filterIndex(rows, filter, tolerances());
+    const b = performance.now();
+    index = sortIndex(idx, rows, sort.key, sort.dir);
+    const c = performance.now();
+    table.set(rows, index, sort);
+    const d = performance.now();
+    root.dataset.filterMs = (b - a).toFixed(1);
+    root.dataset.sortMs = (c - b).toFixed(1);
+    root.dataset.renderMs = (d - c).toFixed(1);
+    root.dataset.rows = String(rows.length);
+    root.dataset.shown = String(index.length);
+    if (rows.length && firstRowMs === null) {
+      firstRowMs = d - t0;
+      root.dataset.firstRowMs = firstRowMs.toFixed(0);
+    }
+    table.setFooter([
+      `${fmtInt(index.length)} of ${fmtInt(rows.length)} rows`,
+      `filter ${root.dataset.filterMs} ms · sort ${root.dataset.sortMs} ms`,
+    ]);
+    for (const cb of rowListeners) cb();
+  }
+  let frame = 0;
+  function scheduleRefresh() {
+    if (!frame) frame = requestAnimationFrame(() => { frame = 0; refresh(); });
+  }
+
+  function select(k, reveal) {
+    selected = k;
+    table.select(k, reveal);
+    const row = rowsShown()[k];
+    const tol = tolerances();
+    renderDetail(detail, row, { atol: tol.atol, rtol: tol.rtol, within: row ? isWithin(row, tol.atol, tol.rtol, tol.runAtol, tol.runRtol) : null });
+    for (const cb of selectListeners) cb(k);
+  }
+
+  function toggleReset(row) {
+    if (!row || !live) return;
+    const name = nameOf(row);
+    if (!name) return;
+    const names = resetNames();
+    reset.update(running());
+    model.set("reset_names", names.includes(name) ? names.filter((n) => n !== name) : [...names, name]);
+    model.save_changes();
+  }
+
+  function readFilter() {
+    filter = { text: search.value, beyond: beyond.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value };
+    refresh();
+  }
+  for (const input of [search, minIn, maxIn]) input.addEventListener("input", readFilter);
+  for (const input of [beyond, statusSel, colSel]) input.addEventListener("change", readFilter);
+
+  function setTolerance(name, input) {
+    const v = Number(input.value);
+    if (!(v >= 0) || input.value.trim() === "") { input.value = String(model.get(name)); return; }
+    model.set(name, v);
+    model.save_changes();
+    onTolerance();
+  }
+  atolIn.addEventListener("change", () => setTolerance("atol", atolIn));
+  rtolIn.addEventListener("change", () => setTolerance("rtol", rtolIn));
+  function onTolerance() {
+    atolIn.value = String(model.get("atol"));
+    rtolIn.value = String(model.get("rtol"));
+    if (filter.beyond) refresh();
+    else { table.repaint(); for (const cb of rowListeners) cb(); }
+    if (selected >= 0) select(selected, false);
+  }
+
+  runSel.addEventListener("change", () => showRun(Number(runSel.value)));
+  function showRun(id) {
+    shown = id;
+    selected = -1;
+    renderDetail(detail, null, {});
+    request(id);
+    refresh();
+  }
+  function updateRuns() {
+    const ids = new Set(meta().map((m) => m.id));
+    const latest = model.get("run_id");
+    if (latest >= 0) ids.add(latest);
+    runSel.replaceChildren(...[...ids].sort((a, b) => a - b).map((id) => {
+      const m = meta()[id];
+      const label = `run #${id}${m && m.reset_names.length ? ` (reset ${m.reset_names.length})` : ""}${id === latest ? " latest" : ""}`;
+      return h("option", { value: String(id), text: label, selected: id === shown });
+    }));
+    runSel.hidden = ids.size < 2;
+  }
+
+  const csv = () => toCSV(rowsShown(), model.get("columns"), index);
+  copyBtn.addEventListener("click", async () => {
+    const text = csv();
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch {
+      // clipboard API refused (insecure context, permissions): the old way still works
+      const area = h("textarea", { style: { position: "fixed", opacity: "0" } });
+      area.value = text;
+      root.append(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+    }
+    copyBtn.textContent = "Copied";
+    setTimeout(() => { copyBtn.textContent = "Copy CSV"; }, 1200);
+  });
+  dlBtn.addEventListener("click", () => {
+    const url = URL.createObjectURL(new Blob([csv()], { type: "text/csv" }));
+    const a = h("a", { href: url, download: `sbs_run${shown}.csv`, style: { display: "none" } });
+    root.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  });
+
+  function updateStatus() {
+    const p = progress();
+    prog.update(model.get("status"), p.run === shown || shown === undefined ? p : { ...p }, model.get("message"));
+    stopBtn.disabled = !running();
+    rerunBtn.disabled = running();
+    reset.update(running());
+  }
+
+  on("change:progress", () => { updateStatus(); request(progress().run); });
+  on("change:status", updateStatus);
+  on("change:message", updateStatus);
+  on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });
+  on("change:runs_meta", () => { updateRuns(); request(shown); renderCompare(compareEl, model.get("compare"), meta()); });
+  on("change:compare", () => renderCompare(compareEl, model.get("compare"), meta()));
+  on("change:reset_names", () => { reset.update(running()); table.repaint(); });
+  on("change:atol", onTolerance);
+  on("change:rtol", onTolerance);
+  on("change:title", () => { title.textContent = model.get("title") || "sbs_widget"; });
+
+  // --- graphs (issue 5), mounted when first opened: layout costs time, most sessions never open it
+  const graphsCtx = {
+    model,
+    el: graphsHost,
+    getRows: rowsShown,
+    onRows: (cb) => { rowListeners.add(cb); return () => rowListeners.delete(cb); },
+    colorFor: (err, status) => colorFor(err, status, model.get("atol")),
+    select: (i) => select(i, true),
+    onSelect: (cb) => { selectListeners.add(cb); return () => selectListeners.delete(cb); },
+  };
+  let graphsMounted = false;
+  graphsBox.addEventListener("toggle", () => {
+    if (!graphsBox.open || graphsMounted || !mountGraphs) return;
+    graphsMounted = true;
+    try {
+      const dispose = mountGraphs(graphsCtx);
+      if (typeof dispose === "function") disposers.push(dispose);
+    } catch (err) {
+      graphsHost.append(h("div", { class: "sbs-message", text: `graphs failed: ${err}` }));
+    }
+  });
+
+  title.textContent = model.get("title") || "sbs_widget";
+  atolIn.value = String(model.get("atol"));
+  rtolIn.value = String(model.get("rtol"));
+  renderDetail(detail, null, {});
+  updateRuns();
+  renderCompare(compareEl, model.get("compare"), meta());
+  updateStatus();
+  refresh();
+  request(shown);
+
+  return () => {
+    if (frame) cancelAnimationFrame(frame);
+    table.destroy();
+    for (const d of disposers) d();
+    root.remove();
+  };
+}

@@ -1,0 +1,15 @@
+// anywidget entry of SbsWidget (bundled into sbs_widget/static/widget.js by js/build.mjs).
+
+import { mountGraphs } from "./graphs/index.js";
+import { createView } from "./view.js";
+import { renderStatic as renderStaticView } from "./static_model.js";
+
+export function renderStatic(el, data) {
+  return renderStaticView(el, data, mountGraphs);
+}
+
+export default {
+  render({ model, el }) {
+    return createView({ model, el, mountGraphs });
+  },
+};
