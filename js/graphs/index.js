@@ -1,8 +1,336 @@
-// Graph views (issue 5). Placeholder so the widget bundle builds while the real view is developed.
+// The graphs area of the widget: FX and ONNX graphs side by side, painted by the table's errors, linked
+// node to node and to the table. See mountGraphs for the contract with js/widget.js.
+import { createLayout } from "./layout.js";
+import {
+  buildView, chainOf, counterparts, defaultCollapsed, errorPath, indexGraph, neighbourhood, paintClusters,
+  paintGraph, parseSpec,
+} from "./model.js";
+import { createPane, el } from "./pane.js";
+import { CSS } from "./style.js";
+import { colorFor as defaultColorFor, ERROR_FILL, errorColor, ONE_SIDED_FILL } from "./colors.js";
+
+const SIDES = ["fx", "onnx"];
+const OTHER = { fx: "onnx", onnx: "fx" };
+const TITLES = { fx: "torch.export (FX)", onnx: "ONNX" };
+const BIG_CLUSTER = 150; // expanding a cluster bigger than this keeps its sub-modules closed
+
+/**
+ * ctx = { model, el, getRows(), onRows(cb) -> unsubscribe, colorFor(err, status), select(i), onSelect(cb) }.
+ * Reads model "fx_dot" / "onnx_dot" (sbs_widget.graphs.dot_sources). Returns a cleanup function.
+ */
 export function mountGraphs(ctx) {
-  const box = document.createElement("div");
-  box.className = "sbs-graphs";
-  box.textContent = "Graph views: loading…";
-  ctx.el.appendChild(box);
-  return () => box.remove();
+  const colorFor = ctx.colorFor || defaultColorFor;
+  const t0 = performance.now();
+  const root = el("div", "sbsg");
+  root.append(el("style", null, CSS));
+  const bar = el("div", "sbsg-bar");
+  const panesBox = el("div", "sbsg-panes");
+  const status = el("span", "sbsg-status");
+  root.append(bar, panesBox);
+  ctx.el.append(root);
+
+  const state = { selected: null, hood: false, k: 2, trace: true, disposed: false };
+  const sides = {};
+  for (const side of SIDES) {
+    sides[side] = {
+      side, g: null, collapsed: new Set(), view: null, paint: [], clusterPaint: [], rowsOf: new Map(),
+      layout: createLayout(), renderSeq: 0,
+      pane: createPane(panesBox, {
+        title: TITLES[side],
+        onNodeClick: (key) => onBoxClick(side, key),
+        onNodeHover: (key) => onHover(side, key),
+        onClusterLabelClick: (c) => setCollapsed(side, c, true),
+      }),
+    };
+  }
+
+  // Toolbar: view controls, neighbourhood mode, legend, timings.
+  const button = (label, title, fn) => {
+    const b = el("button", null, label);
+    b.title = title;
+    b.addEventListener("click", fn);
+    bar.append(b);
+    return b;
+  };
+  button("Fit", "Show the whole graphs", () => SIDES.forEach((s) => sides[s].pane.fit()));
+  button("Expand all", "Open every module (slow on big graphs)", () => setAll(() => new Set()));
+  button("Collapse", "Back to the module overview", () => setAll((s) => defaultCollapsed(s.g)));
+  const hood = el("label", null);
+  const hoodBox = Object.assign(el("input"), { type: "checkbox", title: "Only the nodes near the selection" });
+  const kInput = Object.assign(el("input"), { type: "number", min: 1, max: 20, value: state.k });
+  hood.append(hoodBox, " neighbourhood k=", kInput);
+  hoodBox.addEventListener("change", () => ((state.hood = hoodBox.checked), renderAll()));
+  kInput.addEventListener("change", () => ((state.k = Math.max(1, Number(kInput.value) || 1)), state.hood && renderAll()));
+  const trace = el("label", null);
+  const traceBox = Object.assign(el("input"), { type: "checkbox", checked: true });
+  trace.append(traceBox, " trace error back");
+  traceBox.addEventListener("change", () => ((state.trace = traceBox.checked), highlight()));
+  bar.append(hood, trace, legend(colorFor), status);
+
+  function load(side) {
+    const s = sides[side];
+    let spec = null;
+    try {
+      spec = parseSpec(ctx.model.get(`${side}_dot`));
+    } catch (e) {
+      s.pane.message(`Cannot read the graph: ${e.message}`);
+      return;
+    }
+    if (!spec) {
+      s.g = null;
+      s.pane.message("No graph yet.");
+      return;
+    }
+    s.g = indexGraph(spec);
+    s.collapsed = defaultCollapsed(s.g);
+    repaintData(side);
+    render(side, { fit: true });
+  }
+
+  function repaintData(side) {
+    const s = sides[side];
+    if (!s.g) return;
+    const { paint, rowsOf } = paintGraph(s.g, ctx.getRows());
+    s.paint = paint;
+    s.rowsOf = rowsOf;
+    s.clusterPaint = paintClusters(s.g, paint);
+  }
+
+  async function render(side, { fit = false, centerOn = null } = {}) {
+    const s = sides[side];
+    if (!s.g) return;
+    const only = state.hood && state.selected ? hoodOf(side) : null;
+    s.view = buildView(s.g, { collapsed: s.collapsed, only, paint: s.paint, clusterPaint: s.clusterPaint, colorFor });
+    const seq = ++s.renderSeq;
+    const start = performance.now();
+    let svg;
+    try {
+      svg = await s.layout.render(s.view.dot);
+    } catch (e) {
+      s.pane.message(`Layout failed: ${e.message}`);
+      return;
+    }
+    if (seq !== s.renderSeq || state.disposed) return; // a newer view was asked for meanwhile
+    const info = s.pane.show(svg);
+    s.pane.annotate((key) => (key[0] === "n" ? s.g.nodes[Number(key.slice(1))].id : `cluster:${s.g.spec.clusters[Number(key.slice(1))].path}`));
+    applyPaint(side);
+    highlight();
+    if (centerOn) s.pane.center(keysOf(side, centerOn)) || s.pane.fit(true);
+    else if (fit || only) s.pane.fit(true);
+    const ms = Math.round(performance.now() - start);
+    s.pane.box.dataset.renderMs = ms;
+    s.pane.box.dataset.renders = Number(s.pane.box.dataset.renders || 0) + 1;
+    if (!root.dataset.firstMs) root.dataset.firstMs = Math.round(performance.now() - t0);
+    s.lastInfo = `${TITLES[side]}: ${info.nodes} boxes in ${ms} ms`;
+    status.textContent = SIDES.map((x) => sides[x].lastInfo).filter(Boolean).join(" · ") +
+      ` (${s.layout.mode()})`;
+  }
+
+  const renderAll = (opts) => SIDES.forEach((side) => render(side, opts));
+
+  function setAll(collapsedOf) {
+    for (const side of SIDES) if (sides[side].g) sides[side].collapsed = collapsedOf(sides[side]);
+    renderAll({ fit: true });
+  }
+
+  /** Open or close module cluster `c` of `side`, and the same module on the other side. */
+  function setCollapsed(side, c, close) {
+    const path = sides[side].g.spec.clusters[c].path;
+    for (const x of SIDES) {
+      const s = sides[x];
+      const k = s.g?.spec.clusters.findIndex((cl) => cl.path === path) ?? -1;
+      if (k < 0) continue;
+      if (close) s.collapsed.add(k);
+      else {
+        s.collapsed.delete(k);
+        if (s.g.size[k] > BIG_CLUSTER) for (const child of s.g.children[k]) s.collapsed.add(child);
+      }
+      render(x, { centerOn: close ? null : { cluster: k } });
+    }
+  }
+
+  function keysOf(side, what) {
+    const s = sides[side];
+    if (what.cluster !== undefined) {
+      const keys = [];
+      s.view.repOf.forEach((key, i) => key && chainOf(s.g, i).includes(what.cluster) && keys.push(key));
+      return keys;
+    }
+    return [...new Set(what.nodes.map((i) => s.view.repOf[i]).filter(Boolean))];
+  }
+
+  function applyPaint(side) {
+    const s = sides[side];
+    if (!s.view) return;
+    const byKey = (key) => {
+      const idx = Number(key.slice(1));
+      const p = key[0] === "c" ? s.clusterPaint[idx] : s.paint[idx];
+      return p ? { fill: colorFor(p.err, p.status), status: p.status } : null;
+    };
+    s.pane.paint(byKey, (c) => (s.clusterPaint[c] ? { fill: colorFor(s.clusterPaint[c].err, s.clusterPaint[c].status) } : null));
+  }
+
+  // Rows stream in: repaint at most once per frame, never re-layout.
+  let repaintQueued = false;
+  const unRows = ctx.onRows?.(() => {
+    if (repaintQueued) return;
+    repaintQueued = true;
+    requestAnimationFrame(() => {
+      repaintQueued = false;
+      if (state.disposed) return;
+      for (const side of SIDES) (repaintData(side), applyPaint(side));
+      highlight();
+    });
+  });
+
+  const rowById = () => new Map(ctx.getRows().map((r, k) => [r.i ?? k, r]));
+
+  function linked(side, idx) {
+    const s = sides[side];
+    const o = sides[OTHER[side]];
+    if (!s.g || !o.g) return [];
+    const byId = rowById();
+    const rows = (s.rowsOf.get(idx) || []).map((i) => byId.get(i)).filter(Boolean);
+    return counterparts(s.g, o.g, idx, rows);
+  }
+
+  function hoodOf(side) {
+    const sel = state.selected;
+    const starts = sel.side === side ? [sel.idx] : linked(sel.side, sel.idx);
+    return neighbourhood(sides[side].g, starts.length ? starts : [], state.k);
+  }
+
+  function onHover(side, key) {
+    for (const x of SIDES) sides[x].pane.mark("sbsg-hover", []);
+    if (!key || key[0] !== "n") return;
+    const idx = Number(key.slice(1));
+    const other = OTHER[side];
+    sides[side].pane.mark("sbsg-hover", [key]);
+    if (sides[other].view) sides[other].pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx) }));
+  }
+
+  let echo = null; // the row we selected ourselves: its onSelect must not re-center the graphs
+  function onBoxClick(side, key) {
+    const idx = Number(key.slice(1));
+    if (key[0] === "c") return setCollapsed(side, idx, false);
+    state.selected = { side, idx };
+    const rows = sides[side].rowsOf.get(idx) || [];
+    if (rows.length) {
+      echo = rows[0];
+      ctx.select?.(rows[0]);
+    }
+    const other = OTHER[side];
+    const twins = linked(side, idx);
+    if (state.hood) renderAll();
+    else {
+      highlight();
+      // Bring the counterpart into view; open its modules first if they are closed.
+      if (twins.length && !revealed(other, twins)) render(other, { centerOn: { nodes: twins } });
+      else sides[other].pane.center(keysOf(other, { nodes: twins }));
+    }
+  }
+
+  /** Opens the collapsed clusters hiding `nodes`; true when nothing had to change. */
+  function revealed(side, nodes) {
+    const s = sides[side];
+    let same = true;
+    for (const i of nodes)
+      for (const c of chainOf(s.g, i))
+        if (s.collapsed.delete(c)) {
+          same = false;
+          if (s.g.size[c] > BIG_CLUSTER) for (const child of s.g.children[c]) s.collapsed.add(child);
+        }
+    return same;
+  }
+
+  function highlight() {
+    const sel = state.selected;
+    for (const side of SIDES) {
+      const s = sides[side];
+      if (!s.view) continue;
+      if (!sel || !s.g) {
+        s.pane.mark("sbsg-sel", []);
+        s.pane.mark("sbsg-path", []);
+        continue;
+      }
+      const own = sel.side === side;
+      const nodes = own ? [sel.idx] : linked(sel.side, sel.idx);
+      s.pane.mark("sbsg-sel", keysOf(side, { nodes }));
+      if (!state.trace) {
+        s.pane.mark("sbsg-path", []);
+        continue;
+      }
+      const path = errorPath(sides[sel.side].g, sides[sel.side].paint, sel.idx);
+      const pathNodes = own ? path : path.flatMap((i) => linked(sel.side, i));
+      const rep = s.view.repOf;
+      const edgeKeys = own ? path.slice(1).map((p, k) => `${rep[p]}->${rep[path[k]]}`) : [];
+      s.pane.mark("sbsg-path", keysOf(side, { nodes: pathNodes }), edgeKeys);
+    }
+  }
+
+  const unSelect = ctx.onSelect?.((i) => {
+    if (i === echo) return void (echo = null);
+    echo = null;
+    const row = rowById().get(i);
+    if (!row) return;
+    let first = null;
+    const found = {};
+    for (const side of SIDES) {
+      const s = sides[side];
+      if (!s.g) continue;
+      const idx = nodeIndex(s, row);
+      if (idx >= 0) (found[side] = idx), (first ??= { side, idx });
+    }
+    if (!first) return;
+    state.selected = first;
+    for (const side of SIDES) {
+      const nodes = found[side] !== undefined ? [found[side]] : first.side === side ? [] : linked(first.side, first.idx);
+      if (!nodes.length) continue;
+      if (state.hood || !revealed(side, nodes)) render(side, { centerOn: { nodes } });
+      else (highlight(), sides[side].pane.center(keysOf(side, { nodes })));
+    }
+  });
+
+  function nodeIndex(s, row) {
+    for (const [idx, ids] of s.rowsOf) if (ids.includes(row.i)) return idx;
+    return -1;
+  }
+
+  const listeners = SIDES.map((side) => {
+    const cb = () => load(side);
+    ctx.model.on?.(`change:${side}_dot`, cb);
+    return () => ctx.model.off?.(`change:${side}_dot`, cb);
+  });
+  for (const side of SIDES) load(side);
+
+  return () => {
+    state.disposed = true;
+    listeners.forEach((off) => off());
+    unRows?.();
+    unSelect?.();
+    for (const side of SIDES) sides[side].layout.dispose();
+    root.remove();
+  };
+}
+
+function legend(colorFor) {
+  const box = el("span", "sbsg-legend");
+  const ramp = el("span", "sbsg-ramp");
+  const stops = [-8, -7, -6, -5, -4, -3, -2, -1, 0].map((e, k) => `${colorFor(10 ** e, "mismatch")} ${k * 12.5}%`);
+  ramp.style.background = `linear-gradient(to right, ${stops.join(", ")})`;
+  const chip = (fill, style, text) => {
+    const c = el("span", "sbsg-chip");
+    c.style.cssText = `background:${fill};${style}`;
+    const item = el("span");
+    item.append(c, text);
+    return item;
+  };
+  box.append(
+    el("span", null, "|err| 1e-8"), ramp, el("span", null, "1"),
+    chip(ONE_SIDED_FILL, "border-style:dashed", "one-sided"),
+    chip(errorColor(0), "border:2px solid #1f5fbf", "reset"),
+    chip(ERROR_FILL, "border:2px solid #7b3294", "error"),
+    chip("#fff", "", "not compared"),
+  );
+  return box;
 }

@@ -1,0 +1,74 @@
+// The standalone graphs page written by `python -m sbs_widget graph`: reads the data embedded in the
+// page, shows a small records table and the linked graphs. Works offline from a file:// URL.
+import { colorFor } from "./colors.js";
+import { mountGraphs } from "./index.js";
+
+const TABLE_CSS = `
+body { margin: 12px; font: 13px system-ui, sans-serif; }
+h1 { font-size: 16px; margin: 0 0 6px; }
+.sbsp-table { max-height: 260px; overflow: auto; border: 1px solid #ccc; margin-top: 8px; }
+.sbsp-table table { border-collapse: collapse; width: 100%; font: 12px ui-monospace, monospace; }
+.sbsp-table th { position: sticky; top: 0; background: #f4f4f4; text-align: left; }
+.sbsp-table td, .sbsp-table th { padding: 1px 6px; border-bottom: 1px solid #eee; white-space: nowrap; }
+.sbsp-table tr.sbsp-selected td { outline: 2px solid #0050ff; outline-offset: -2px; }
+.sbsp-table tbody tr { cursor: pointer; }
+`;
+
+function main() {
+  const data = JSON.parse(document.getElementById("sbs-graphs-data").textContent);
+  const style = document.createElement("style");
+  style.textContent = TABLE_CSS;
+  document.head.append(style);
+  const h1 = document.createElement("h1");
+  h1.textContent = data.title;
+  const graphs = document.createElement("div");
+  const tableBox = document.createElement("div");
+  tableBox.className = "sbsp-table";
+  document.body.append(h1, graphs, tableBox);
+
+  const rows = data.rows.map((r, i) => ({ ...r, i: r.i ?? i }));
+  const selectListeners = new Set();
+  const trs = new Map();
+  let selected = null;
+  const select = (i) => {
+    trs.get(selected)?.classList.remove("sbsp-selected");
+    selected = i;
+    const tr = trs.get(i);
+    tr?.classList.add("sbsp-selected");
+    tr?.scrollIntoView({ block: "nearest" });
+    for (const cb of selectListeners) cb(i);
+  };
+  if (rows.length) tableBox.append(table(rows, trs, select));
+  else tableBox.hidden = true;
+
+  // The same object shape js/widget.js passes; the "model" only ever holds the two DOT strings.
+  const model = { get: (name) => data[name], on() {}, off() {} };
+  mountGraphs({
+    model, el: graphs, colorFor, select, getRows: () => rows, onRows: () => () => {},
+    onSelect: (cb) => (selectListeners.add(cb), () => selectListeners.delete(cb)),
+  });
+}
+
+function table(rows, trs, select) {
+  const t = document.createElement("table");
+  const cols = ["i", "status", "ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "module"];
+  const head = t.createTHead().insertRow();
+  for (const c of cols) head.append(Object.assign(document.createElement("th"), { textContent: c }));
+  const body = t.createTBody();
+  for (const r of rows) {
+    const tr = body.insertRow();
+    tr.dataset.row = r.i;
+    for (const c of cols) {
+      const td = tr.insertCell();
+      const v = r[c];
+      td.textContent = v === null || v === undefined ? "" : typeof v === "number" && c !== "i" ? v.toExponential(2) : String(v);
+      if (c === "err_abs") td.style.background = colorFor(r.err_abs, r.status);
+    }
+    // Our own select() also tells the graphs, which center on the pair.
+    tr.addEventListener("click", () => select(r.i));
+    trs.set(r.i, tr);
+  }
+  return t;
+}
+
+main();

@@ -1,0 +1,40 @@
+"""``python -m sbs_widget graph``: both graphs, painted by a comparison, in one offline HTML page."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "graph",
+        help="write the FX and ONNX graphs, painted by error, to a self-contained HTML page",
+        description="Draw the decomposed torch.export program and its ONNX model side by side; with "
+        "--inputs, run the comparison first and paint every node by its error.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ep", required=True, help="ExportedProgram (.pt2, torch.export.save)")
+    p.add_argument("--onnx", required=True, help="ONNX model (.onnx) exported from that program")
+    p.add_argument("--inputs", help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
+                   "without it the graphs are drawn unpainted")
+    p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from .engine import prepare  # the decomposed program: records name its nodes, not the user's
+    from .graphs_html import write_graphs_html
+    from .loading import load_inputs
+
+    prepared = prepare(args.ep, args.onnx)
+    records = []
+    if args.inputs:
+        inputs, kwargs = load_inputs(args.inputs, None)
+        records = list(prepared.run(args=inputs, kwargs=kwargs, atol=args.atol, rtol=args.rtol))
+    out = write_graphs_html(args.output, prepared, records, title=args.title or f"{args.ep} vs {args.onnx}")
+    bad = sum(r.status != "ok" for r in records)
+    print(f"wrote {out} ({len(records)} records, {bad} not ok)")
+    return 0

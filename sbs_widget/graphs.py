@@ -1,0 +1,190 @@
+"""Graphviz views of both sides of a comparison: the FX program and the ONNX model, nodes painted by error.
+
+>>> import torch, sbs_widget
+>>> model, inputs = sbs_widget.dummy_llm()
+>>> onnx_program = torch.onnx.export(model, inputs, dynamo=True)          # doctest: +SKIP
+>>> sbs_widget.fx_graph(onnx_program.exported_program).render("fx", format="svg")  # doctest: +SKIP
+
+Node ids are ``fx:<fx node name>`` and ``onnx:<onnx node name>`` (see ``graphs_spec``); module clusters are
+``cluster_<module path>`` on both sides. The widget lays these graphs out in the browser
+(``js/graphs/``); ``dot_sources`` gives it the DOT plus the structure it needs to collapse clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Iterable
+
+import graphviz
+
+from .graphs_spec import GraphSpec, fx_spec, onnx_spec
+from .records import ERROR, MISMATCH, OK, ONE_SIDED, RESET, Record
+
+__all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
+
+# Log scale shared with js/graphs/colors.js: |err| <= 1e-7 is green, >= 1 red, yellow in between.
+_LOG_LO, _LOG_HI = -7.0, 0.0
+_STOPS = ((0x1a, 0x98, 0x50), (0xfe, 0xe0, 0x8b), (0xd7, 0x30, 0x27))
+_LIGHT = 0.55  # mix with white so that black labels stay readable
+NOT_COMPARED = "#ffffff"
+ONE_SIDED_FILL = "#e8e8e8"
+ERROR_FILL, ERROR_LINE = "#c2a5cf", "#7b3294"
+RESET_LINE = "#1f5fbf"
+# Worst first: the status a node shows when its records disagree.
+_SEVERITY = {ERROR: 4, MISMATCH: 3, RESET: 2, OK: 1, ONE_SIDED: 0}
+SPEC_MARKER = "sbs-graph-spec "
+
+
+def error_color(err: float | None) -> str:
+    """Fill color of an absolute error on the log scale of the table (``None``: nothing compared).
+
+    >>> error_color(0.0), error_color(1e-4), error_color(1.0)
+    ('#81c69f', '#ede8bb', '#e98d88')
+    """
+    if err is None or (isinstance(err, float) and math.isnan(err)):
+        return NOT_COMPARED
+    t = 1.0 if math.isinf(err) else (math.log10(max(err, 1e-30)) - _LOG_LO) / (_LOG_HI - _LOG_LO)
+    t = min(max(t, 0.0), 1.0) * (len(_STOPS) - 1)
+    i = min(int(t), len(_STOPS) - 2)
+    a, b, f = _STOPS[i], _STOPS[i + 1], t - i
+    rgb = [round(255 - (255 - (x + (y - x) * f)) * _LIGHT) for x, y in zip(a, b)]
+    return "#%02x%02x%02x" % tuple(rgb)
+
+
+def fx_graph(ep, records: Iterable[Record] | None = None) -> graphviz.Digraph:
+    """The FX graph of ``ep`` (ExportedProgram, ONNXProgram or .pt2 path) as a ``graphviz.Digraph``.
+
+    Give the *decomposed* program (``onnx_program.exported_program``): records name its nodes.
+    """
+    spec = fx_spec(ep)
+    return _digraph(spec, _paint(spec, records))
+
+
+def onnx_graph(onx, records: Iterable[Record] | None = None) -> graphviz.Digraph:
+    """The ONNX graph of ``onx`` (ModelProto, ONNXProgram or .onnx path) as a ``graphviz.Digraph``."""
+    spec = onnx_spec(onx)
+    return _digraph(spec, _paint(spec, records))
+
+
+def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str, str]:
+    """``(fx_dot, onnx_dot)`` for the widget: ``prepared`` is ``engine.prepare(...)``'s result or ``(ep, onx)``.
+
+    Each DOT starts with a ``// sbs-graph-spec {json}`` comment holding the graph structure, so the
+    browser can collapse and expand clusters without parsing DOT; any Graphviz still renders the file.
+    """
+    if isinstance(prepared, tuple):
+        ep, onx = prepared
+    else:
+        ep, onx = prepared.decomposed_ep, prepared.onnx_model
+    records = list(records or ())
+    out = []
+    for spec in (fx_spec(ep), onnx_spec(onx)):
+        header = SPEC_MARKER + json.dumps(spec.to_json(), separators=(",", ":"))  # ASCII: no newline inside
+        out.append(_digraph(spec, _paint(spec, records), comment=header).source)
+    return out[0], out[1]
+
+
+def paint_by_id(spec: GraphSpec, records: Iterable[Record] | None) -> dict[str, tuple[float | None, str]]:
+    """``{node id: (worst err_abs, worst status)}`` for the nodes some record names."""
+    return _paint(spec, records)
+
+
+def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
+    if not records:
+        return {}
+    by_name = {n["name"]: n["id"] for n in spec.nodes}
+    by_value = {v: n["id"] for n in spec.nodes for v in n.get("outputs", ())}
+    paint: dict[str, tuple[float | None, str]] = {}
+    for r in records:
+        if spec.side == "fx":
+            node_id = by_name.get(r.ep_name) if r.ep_name else None
+        else:
+            node_id = by_name.get(r.onnx_node_name) or by_value.get(r.onnx_name)
+        if node_id is None:
+            continue
+        err, status = paint.get(node_id, (None, ONE_SIDED))
+        if r.err_abs is not None and (err is None or r.err_abs > err or math.isnan(r.err_abs)):
+            err = r.err_abs
+        if _SEVERITY.get(r.status, 0) > _SEVERITY.get(status, 0):
+            status = r.status
+        paint[node_id] = (err, status)
+    return paint
+
+
+def _node_style(err: float | None, status: str | None) -> dict[str, str]:
+    if status is None:
+        return {"fillcolor": NOT_COMPARED}
+    if status == ERROR:
+        return {"fillcolor": ERROR_FILL, "color": ERROR_LINE, "penwidth": "3"}
+    if status == ONE_SIDED and err is None:
+        return {"fillcolor": ONE_SIDED_FILL, "style": "filled,dashed"}
+    style = {"fillcolor": error_color(err)}
+    if status == RESET:
+        style.update(color=RESET_LINE, penwidth="3", peripheries="2")
+    return style
+
+
+def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphviz.Digraph:
+    g = graphviz.Digraph(name=spec.side, comment=comment)
+    g.attr(rankdir="TB", fontname="Helvetica", fontsize="10", nodesep="0.15", ranksep="0.3")
+    g.attr("node", shape="box", style="filled,rounded", fontname="Helvetica", fontsize="9", height="0.3",
+           fillcolor=NOT_COMPARED)
+    g.attr("edge", arrowsize="0.5", color="#777777")
+    children: dict[int, list[int]] = {}
+    for i, c in enumerate(spec.clusters):
+        children.setdefault(c["parent"], []).append(i)
+    members: dict[int, list[int]] = {}
+    for i, n in enumerate(spec.nodes):
+        members.setdefault(n["cluster"], []).append(i)
+    worst = _cluster_worst(spec, paint, children, members)
+    lines: list[str] = []
+
+    def emit(cluster: int, indent: str) -> None:
+        for c in children.get(cluster, ()):
+            path = spec.clusters[c]["path"]
+            lines.append(f"{indent}subgraph {quote('cluster_' + path)} {{")
+            color = error_color(worst[c]) if worst.get(c) is not None else "#999999"
+            parent = spec.clusters[c]["parent"]
+            label = path.removeprefix(spec.clusters[parent]["path"] + ".") if parent >= 0 else path
+            lines.append(f"{indent}\tlabel={quote(label)} style=rounded color={quote(color)} penwidth=2")
+            emit(c, indent + "\t")
+            lines.append(f"{indent}}}")
+        for i in members.get(cluster, ()):
+            n = spec.nodes[i]
+            attrs = {"label": n["label"], "tooltip": n["label"], **_node_style(*paint.get(n["id"], (None, None)))}
+            if n["kind"] != "node":
+                attrs["shape"] = "ellipse"
+            lines.append(f"{indent}{quote(n['id'])} [{_attrs(attrs)}]")
+
+    emit(-1, "\t")
+    ids = [n["id"] for n in spec.nodes]
+    lines.extend(f"\t{quote(ids[a])} -> {quote(ids[b])}" for a, b in spec.edges)
+    g.body.extend(line + "\n" for line in lines)
+    return g
+
+
+def _cluster_worst(spec: GraphSpec, paint: dict, children: dict, members: dict) -> dict[int, float | None]:
+    worst: dict[int, float | None] = {}
+    # Parents precede children in spec.clusters, so walking backwards sees every child first.
+    for c in range(len(spec.clusters) - 1, -1, -1):
+        errs = [paint[spec.nodes[i]["id"]][0] for i in members.get(c, ()) if spec.nodes[i]["id"] in paint]
+        errs += [worst[k] for k in children.get(c, ())]
+        errs = [e for e in errs if e is not None]
+        worst[c] = max(errs) if errs else None
+    return worst
+
+
+def quote(text: str) -> str:
+    """A DOT double-quoted string showing ``text`` literally.
+
+    Backslashes are doubled so that Graphviz escapes (``\\N``, ``\\l``) in model names stay text; quotes
+    are escaped; a newline becomes a centered line break. Graphviz XML-escapes ``<`` and ``&`` in SVG, so
+    ``<img onerror=...>`` is drawn as text. Never returns an HTML-like ``<...>`` label.
+    """
+    body = str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "\\n")
+    return f'"{body}"'
+
+
+def _attrs(attrs: dict[str, str]) -> str:
+    return " ".join(f"{k}={quote(v)}" for k, v in attrs.items())

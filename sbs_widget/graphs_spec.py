@@ -1,0 +1,181 @@
+"""The structure both graph views draw: nodes, edges and module clusters of the FX program and of the
+ONNX model, as plain JSON-able data.
+
+A node id is ``fx:<fx node name>`` or ``onnx:<onnx node name>``: the engine's records carry those names
+(``Record.ep_name``, ``Record.onnx_node_name``), so a view links a record to its nodes by name alone.
+Clusters are module paths (``decoder.attention``): FX ``nn_module_stack`` and the exporter's
+``pkg.torch.onnx.name_scopes`` give the same paths, so a cluster means the same module on both sides.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from .errors import InputError
+
+# The exporter writes "%add_3 : [num_users=2] = call_function[...]" on every ONNX node.
+_FX_NODE_RE = re.compile(r"^%(\S+) :")
+
+
+@dataclass
+class GraphSpec:
+    """One side of the comparison, ready to lay out.
+
+    ``nodes``: dicts with ``id``, ``name``, ``label``, ``op``, ``kind`` (input/node/output), ``cluster``
+    (index into ``clusters`` or -1), ``outputs`` (value names the node produces, ONNX) and ``links``
+    (FX node names the node comes from, ONNX). ``edges``: ``(src, dst)`` node indices.
+    ``clusters``: dicts with ``path`` and ``parent`` (index or -1); a parent precedes its children.
+    """
+
+    side: str
+    nodes: list[dict] = field(default_factory=list)
+    edges: list[tuple[int, int]] = field(default_factory=list)
+    clusters: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"side": self.side, "nodes": self.nodes, "edges": [list(e) for e in self.edges],
+                "clusters": self.clusters}
+
+    def cluster_of(self, chain: list[str]) -> int:
+        """Index of the cluster for a module chain (outermost first), creating the missing ones."""
+        index, parent = -1, -1
+        for path in chain:
+            index = self._cluster_index.get(path, -1)
+            if index < 0:
+                index = len(self.clusters)
+                self.clusters.append({"path": path, "parent": parent})
+                self._cluster_index[path] = index
+            parent = index
+        return index
+
+    def __post_init__(self):
+        self._cluster_index: dict[str, int] = {}
+
+
+def fx_spec(ep) -> GraphSpec:
+    """Nodes of an ExportedProgram: user inputs, every call_function and the output.
+
+    Parameters, buffers and lifted constants are left out: they have no ONNX node to link to and would
+    double the node count of a transformer.
+    """
+    ep = _as_exported_program(ep)
+    sig = ep.graph_signature
+    user_inputs = set(sig.user_inputs)
+    spec = GraphSpec("fx")
+    index: dict = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            if node.name not in user_inputs:
+                continue
+            kind, label = "input", node.name
+        elif node.op == "output":
+            kind, label = "output", "output"
+        elif node.op == "get_attr":
+            continue
+        else:
+            kind, label = "node", _fx_label(node.name, _short_target(node.target))
+        chain = _fx_module_chain(node.meta.get("nn_module_stack"))
+        index[node] = len(spec.nodes)
+        spec.nodes.append({"id": f"fx:{node.name}", "name": node.name, "label": label,
+                           "op": _short_target(node.target) if kind == "node" else kind, "kind": kind,
+                           "cluster": spec.cluster_of(chain) if kind == "node" else -1})
+        for src in node.all_input_nodes:
+            if src in index:
+                spec.edges.append((index[src], index[node]))
+    return spec
+
+
+def onnx_spec(onx) -> GraphSpec:
+    """Nodes of an ONNX model: graph inputs, every node of the main graph, graph outputs.
+
+    Initializers are left out (see ``fx_spec``). Unnamed or duplicated node names get a stable suffix
+    from the node's index so that every id is unique.
+    """
+    onx = _as_model_proto(onx)
+    graph = onx.graph
+    spec = GraphSpec("onnx")
+    producer: dict[str, int] = {}
+    initializers = {i.name for i in graph.initializer}
+    for inp in graph.input:
+        if inp.name in initializers:
+            continue
+        producer[inp.name] = len(spec.nodes)
+        spec.nodes.append({"id": f"onnx-in:{inp.name}", "name": inp.name, "label": inp.name, "op": "input",
+                           "kind": "input", "cluster": -1, "outputs": [inp.name], "links": [inp.name]})
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        name = node.name if node.name and node.name not in seen else f"{node.name}#{i}"
+        seen.add(name)
+        meta = {p.key: p.value for p in node.metadata_props}
+        match = _FX_NODE_RE.match(meta.get("pkg.torch.onnx.fx_node", ""))
+        me = len(spec.nodes)
+        spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": f"{node.op_type}\n{name}",
+                           "op": node.op_type, "kind": "node",
+                           "cluster": spec.cluster_of(_onnx_module_chain(meta.get("pkg.torch.onnx.name_scopes"))),
+                           "outputs": [o for o in node.output if o], "links": [match.group(1)] if match else []})
+        for src in {producer[v] for v in node.input if v in producer}:
+            spec.edges.append((src, me))
+        for out in node.output:
+            if out:
+                producer[out] = me
+    for out in graph.output:
+        me = len(spec.nodes)
+        spec.nodes.append({"id": f"onnx-out:{out.name}", "name": out.name, "label": out.name, "op": "output",
+                           "kind": "output", "cluster": -1, "outputs": [], "links": ["output"]})
+        if out.name in producer:
+            spec.edges.append((producer[out.name], me))
+    return spec
+
+
+def _fx_module_chain(stack) -> list[str]:
+    # nn_module_stack maps keys to (path, class) from the outermost module in; the root has path "".
+    return [v[0] for v in (stack or {}).values() if v and v[0]]
+
+
+def _onnx_module_chain(scopes: str | None) -> list[str]:
+    # "['', 'decoder', 'decoder.norm1', 'layer_norm']": root "", module paths, then the node itself.
+    if not scopes:
+        return []
+    try:
+        parts = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError):
+        return []
+    return [p for p in parts[:-1] if isinstance(p, str) and p]
+
+
+def _fx_label(name: str, op: str) -> str:
+    # "add_3\nadd.Tensor" says the op; "linear_2\nlinear" would only repeat the name.
+    return name if re.sub(r"_\d+$", "", name) == op else f"{name}\n{op}"
+
+
+def _short_target(target) -> str:
+    # torch.ops.aten.add.Tensor -> add.Tensor; keeps labels short without losing the overload.
+    text = getattr(target, "__name__", None) or str(target)
+    return text.removeprefix("aten.").removesuffix(".default")
+
+
+def _as_exported_program(ep):
+    from .loading import is_onnx_program, load_exported_program
+
+    if is_onnx_program(ep):  # its decomposed program is what was translated, and what records name
+        ep = ep.exported_program
+    return load_exported_program(ep)
+
+
+def _as_model_proto(onx):
+    import onnx
+
+    if hasattr(onx, "model_proto"):  # an ONNXProgram
+        onx = onx.model_proto
+    if isinstance(onx, (str, bytes)) or hasattr(onx, "__fspath__"):
+        from .errors import LoadError
+
+        try:
+            onx = onnx.load(onx, load_external_data=False)
+        except Exception as e:  # protobuf decode errors have no common base class
+            raise LoadError(f"cannot load the ONNX model {onx!s}: {e}") from e
+    if not isinstance(onx, onnx.ModelProto):
+        raise InputError(f"expected an onnx.ModelProto, got {type(onx).__name__}")
+    return onx
