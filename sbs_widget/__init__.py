@@ -37,4 +37,7 @@ from .strings import string_type
 __all__ += ["ForwardStealer", "compare_dump", "load_dump", "steal_forward", "string_type"]
 # --- widget (issue 4) ---
 # --- graphs (issue 5) ---
+from .graphs import fx_graph, onnx_graph  # noqa: E402
+
+__all__ += ["fx_graph", "onnx_graph"]
 # --- culprits (issue 6) ---
