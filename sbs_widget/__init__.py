@@ -36,6 +36,9 @@ from .strings import string_type
 
 __all__ += ["ForwardStealer", "compare_dump", "load_dump", "steal_forward", "string_type"]
 # --- widget (issue 4) ---
+from .widget import SbsWidget  # noqa: E402
+
+__all__ += ["SbsWidget"]
 # --- graphs (issue 5) ---
 from .graphs import fx_graph, onnx_graph  # noqa: E402
 

@@ -173,11 +173,7 @@ class SbsWidget(anywidget.AnyWidget):
             if self._prepared is None:
                 from .engine import prepare
 
-                extra = {} if self._runtime is None else {"runtime": self._runtime}
-                if self._onx is None:
-                    self._prepared = prepare(self._ep, **extra)
-                else:
-                    self._prepared = prepare(self._ep, self._onx, **extra)
+                self._prepared = prepare(self._ep, self._onx)
                 self._fill_dot(self._prepared)
             return self._prepared
 
@@ -194,9 +190,10 @@ class SbsWidget(anywidget.AnyWidget):
         if self.status == "preparing":
             self.status = RUNNING
         run.fx_total = getattr(prepared, "n_fx_nodes", 0)
-        return prepared.run(args=self._args, kwargs=self._kwargs, atol=run.atol, rtol=run.rtol,
+        extra = {} if self._runtime is None else {"runtime": self._runtime}
+        return prepared.run(self._args, self._kwargs, atol=run.atol, rtol=run.rtol,
                             reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
-                            progress=progress)
+                            progress=progress, **extra)
 
     def _publish(self, run: Run, final: bool) -> None:
         """Push new rows, then the progress that counts them (so a view never asks for rows in flight)."""

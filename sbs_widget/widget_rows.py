@@ -11,7 +11,7 @@ import json
 import math
 from typing import Iterable, Sequence
 
-from .records import ERROR, ONE_SIDED, RECORD_FIELDS, Record
+from .records import ERROR, ONE_SIDED, RECORD_FIELDS, RESET, Record
 
 ROW_COLUMNS = RECORD_FIELDS
 """Order of the values in each encoded row (the row index is implicit: ``start`` + position)."""
@@ -62,11 +62,14 @@ def within(record: Record, atol: float, rtol: float, run_atol: float, run_rtol: 
     return record.err_abs <= atol or (record.err_rel is not None and record.err_rel <= rtol)
 
 
-def worst(records: Iterable[Record]) -> dict | None:
-    """``{"i", "err_abs", "name"}`` of the record with the largest err_abs, or None."""
+def worst(records: Iterable[Record], skip_reset: bool = False) -> dict | None:
+    """``{"i", "err_abs", "name"}`` of the record with the largest err_abs, or None.
+
+    ``skip_reset``: ignore reset records, whose error a reset experiment has already accounted for.
+    """
     best = None
     for i, r in enumerate(records):
-        if r.err_abs is None:
+        if r.err_abs is None or (skip_reset and r.status == RESET):
             continue
         if best is None or error_key(r.err_abs) > error_key(best[1].err_abs):
             best = (i, r)
@@ -85,6 +88,7 @@ def compare_runs(before, after, atol: float, rtol: float, limit: int = 200) -> d
     """What changed from run ``before`` to run ``after`` (both ``widget_run.Run``), judged at (atol, rtol).
 
     ``moved_in``: pairs beyond tolerance before and within it after; ``moved_out``: the reverse.
+    Worst errors leave reset records out: the question after a reset is what remains downstream.
     Lists are cut at ``limit`` names; ``n_moved_*`` count them all.
     """
     old = {record_key(r): within(r, atol, rtol, before.atol, before.rtol) for r in before.records}
@@ -98,8 +102,8 @@ def compare_runs(before, after, atol: float, rtol: float, limit: int = 200) -> d
     return {
         "before": before.id,
         "after": after.id,
-        "worst_before": worst(before.records),
-        "worst_after": worst(after.records),
+        "worst_before": worst(before.records, skip_reset=True),
+        "worst_after": worst(after.records, skip_reset=True),
         "n_moved_in": len(moved_in),
         "n_moved_out": len(moved_out),
         "moved_in": moved_in[:limit],
