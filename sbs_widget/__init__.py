@@ -29,6 +29,10 @@ __all__ = [
 ]
 
 # --- engine (issue 2) ---
+from .engine import Prepared, prepare, run_aligned  # noqa: E402
+from .runtimes import Runtime, get_runtime  # noqa: E402
+
+__all__ += ["Prepared", "Runtime", "get_runtime", "prepare", "run_aligned"]
 # --- dumps (issue 3) ---
 from .dumps import ForwardStealer, load_dump, steal_forward
 from .module_compare import compare_dump

@@ -9,7 +9,6 @@ import torch
 
 from .records import HISTOGRAM_EDGES
 
-_HIST_EDGES = torch.tensor(HISTOGRAM_EDGES[1:], dtype=torch.float64)
 
 
 @dataclass
@@ -25,28 +24,41 @@ class Errors:
     histogram: tuple[int, ...] | None = None
 
 
-def as_torch(value) -> torch.Tensor:
-    """A torch view of a numpy array / OrtValue / python scalar; no copy when possible."""
+def as_numpy(value) -> np.ndarray:
+    """A numpy view of a torch tensor / numpy array / OrtValue / python scalar; no copy when possible.
+
+    Numbers are compared in numpy: it is single-threaded and predictable, while torch's thread pool
+    costs more than the work on the many small tensors of a comparison.
+    """
     if isinstance(value, torch.Tensor):
-        return value
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype in (torch.bfloat16,) or t.dtype.is_complex and t.dtype not in (torch.complex64, torch.complex128):
+            t = t.to(torch.float32)
+        if t.is_conj():
+            t = t.resolve_conj()
+        return t.numpy()
     if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError("object arrays (strings) cannot be compared numerically")
-        if not value.flags.writeable:
-            value = value.copy()
-        return torch.from_numpy(value) if value.dtype.kind != "V" else torch.from_numpy(value.copy())
-    if isinstance(value, (bool, int, float)):
-        return torch.tensor(value)
+        return value
+    if isinstance(value, (bool, int, float, np.generic)):
+        return np.asarray(value)
     if hasattr(value, "numpy"):  # OrtValue
-        return torch.from_numpy(value.numpy())
+        return np.asarray(value.numpy())
+    if hasattr(value, "__int__"):  # SymInt with a hint
+        return np.asarray(int(value))
     raise TypeError(f"cannot compare a value of type {type(value).__name__}")
 
 
-def same_shape(expected: torch.Tensor, got: torch.Tensor) -> bool:
+def same_shape(expected, got) -> bool:
     """Equal shapes, treating torch 0-d tensors and ONNX [1] tensors as equal (the exporter does that)."""
-    if tuple(expected.shape) == tuple(got.shape):
+    es, gs = tuple(expected.shape), tuple(got.shape)
+    if es == gs:
         return True
-    return expected.numel() == got.numel() == 1
+    return int(np.prod(es)) == int(np.prod(gs)) == 1
+
+
+_EDGES = np.asarray(HISTOGRAM_EDGES[1:], dtype=np.float64)
 
 
 def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool = False) -> Errors:
@@ -55,52 +67,46 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     Works for float, int and bool tensors; NaN/Inf never raise: positions where the non-finite pattern
     differs are counted in ``err_nan`` and excluded from the other figures.
     """
-    e = as_torch(expected).detach()
-    g = as_torch(got).detach()
-    if e.device != g.device:
-        g = g.to(e.device)
-    n = e.numel()
+    e = as_numpy(expected)
+    g = as_numpy(got)
+    n = int(e.size)
     if n == 0:
         return Errors(0.0, 0.0, 0.0, 0, 0, 0, 0, True, (0,) * len(HISTOGRAM_EDGES) if histogram else None)
     e = e.reshape(-1)
     g = g.reshape(-1)
-    calc = torch.float64 if (e.dtype == torch.float64 or g.dtype == torch.float64) else torch.float32
-    if e.dtype.is_complex or g.dtype.is_complex:
-        e = torch.view_as_real(e.to(torch.complex128)).reshape(-1)
-        g = torch.view_as_real(g.to(torch.complex128)).reshape(-1)
-        calc = torch.float64
-    if e.dtype != calc:
-        e = e.to(calc)
-    if g.dtype != calc:
-        g = g.to(calc)
-    fe = torch.isfinite(e)
-    fg = torch.isfinite(g)
-    if bool(fe.all()) and bool(fg.all()):
-        err_nan = 0
-        diff = (e - g).abs_()
-        ae = e.abs()
-    else:
-        # Non-finite on both sides with the same value (inf == inf, nan vs nan) is agreement.
-        same_nonfinite = (~fe) & (~fg) & ((e == g) | (torch.isnan(e) & torch.isnan(g)))
-        bad = (fe != fg) | ((~fe) & (~fg) & ~same_nonfinite)
-        err_nan = int(bad.sum())
-        keep = fe & fg
-        diff = (e[keep] - g[keep]).abs_()
-        ae = e[keep].abs()
-    if diff.numel() == 0:
-        err_abs = err_rel = err_dev = 0.0
-        h01 = h001 = 0
-        within = err_nan == 0
-        hist = None
-    else:
-        err_abs = float(diff.max())
-        err_rel = float((diff / ae.clamp_min(1e-6)).max())
-        err_dev = float(diff.square().mean().sqrt())
-        h01 = int((diff > 0.1).sum())
-        h001 = int((diff > 0.01).sum())
-        within = err_nan == 0 and (err_abs <= atol or bool((diff <= atol + rtol * ae).all()))
-        hist = None
-        if histogram:
-            idx = torch.bucketize(diff.to(torch.float64), _HIST_EDGES, right=True)
-            hist = tuple(int(c) for c in torch.bincount(idx, minlength=len(HISTOGRAM_EDGES)))
+    if np.iscomplexobj(e) or np.iscomplexobj(g):
+        e = np.concatenate([e.real, e.imag]).astype(np.float64)
+        g = np.concatenate([g.real, g.imag]).astype(np.float64)
+    calc = np.float64 if (e.dtype == np.float64 or g.dtype == np.float64 or e.dtype.kind in "iu" and
+                          e.dtype.itemsize == 8) else np.float32
+    e = e.astype(calc, copy=False)
+    g = g.astype(calc, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(e - g)
+        if np.isfinite(diff).all():
+            err_nan = 0
+            ae = np.abs(e)
+        else:
+            fe, fg = np.isfinite(e), np.isfinite(g)
+            same_nonfinite = (~fe) & (~fg) & ((e == g) | (np.isnan(e) & np.isnan(g)))
+            err_nan = int(((fe != fg) | ((~fe) & (~fg) & ~same_nonfinite)).sum())
+            keep = fe & fg
+            diff = diff[keep]
+            ae = np.abs(e[keep])
+    if diff.size == 0:
+        hist = (0,) * len(HISTOGRAM_EDGES) if histogram else None
+        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist)
+    err_abs = float(diff.max())
+    if err_abs == 0.0:
+        hist = (int(diff.size),) + (0,) * (len(HISTOGRAM_EDGES) - 1) if histogram else None
+        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist)
+    err_rel = float((diff / np.maximum(ae, 1e-6)).max())
+    err_dev = float(np.sqrt(np.mean(np.square(diff, dtype=np.float64))))
+    h01 = int(np.count_nonzero(diff > 0.1))
+    h001 = int(np.count_nonzero(diff > 0.01)) if h01 < diff.size else h01
+    within = err_nan == 0 and (err_abs <= atol or bool((diff <= atol + rtol * ae).all()))
+    hist = None
+    if histogram:
+        idx = np.searchsorted(_EDGES, diff, side="right")
+        hist = tuple(int(c) for c in np.bincount(idx, minlength=len(HISTOGRAM_EDGES)))
     return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist)

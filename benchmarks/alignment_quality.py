@@ -1,0 +1,74 @@
+"""Alignment quality on correct exports: false alarms (pairs beyond tolerance) and coverage.
+
+For each model (built from a small config, random init, seeded) and each export mode
+(optimize=False / True), run the comparison against the USER ExportedProgram (what
+torch.export.export returns) and report:
+- beyond: records beyond tolerance (must be 0 on a correct export),
+- errors: records with status error,
+- coverage: share of the user program's value-producing call_function nodes compared,
+- err_local: share of compared node pairs that got a node-local error.
+
+    python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit] [--layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+import time
+import warnings
+
+import pandas as pd
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="dummy_llm,mlp,convnet,llama,gpt2,bert,vit")
+    parser.add_argument("--atol", type=float, default=1e-4)
+    parser.add_argument("--rtol", type=float, default=1e-4)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    from sbs_widget import zoo
+    from sbs_widget.engine import prepare
+    from sbs_widget.summary import summarize
+
+    rows = []
+    for name in args.models.split(","):
+        for optimize in (False, True):
+            with contextlib.redirect_stderr(io.StringIO()):
+                ep, prog, a, kw = zoo.export(name, optimize=optimize)
+            begin = time.perf_counter()
+            prepared = prepare(ep, prog.model_proto)
+            records = list(prepared.run(a, kw, atol=args.atol, rtol=args.rtol, node_local=True))
+            seconds = time.perf_counter() - begin
+            s = summarize(records, prepared)
+            nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "mismatch") and r.onnx_op_type != "initializer"]
+            rows.append(dict(
+                model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=prepared.n_onnx_nodes,
+                records=len(records), compared=s.n_compared, beyond=s.by_status.get("mismatch", 0),
+                errors=s.by_status.get("error", 0), coverage=round(100 * (s.coverage or 0), 1),
+                err_local=round(100 * sum(r.err_local is not None for r in nodes) / max(1, len(nodes)), 1),
+                worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", seconds=round(seconds, 2),
+            ))
+            if s.first_beyond is not None:
+                f = s.first_beyond
+                print(f"  {name} optimize={optimize}: first beyond {f.ep_name}/{f.onnx_name} {f.err_abs} {f.comment}",
+                      file=sys.stderr)
+            print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
+    print()
+    print(pd.DataFrame(rows).to_markdown(index=False) if _has_tabulate() else pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

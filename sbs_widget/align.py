@@ -1,0 +1,271 @@
+"""Which ONNX value is the twin of which FX value.
+
+The FX side is the *decomposed* program (what the exporter translated). Pairs come from, in order of
+trust:
+1. ``name``: the ONNX value has the FX node's name and its producer's ``pkg.torch.onnx.fx_node``
+   metadata names that FX node (or it is an initializer folded from it);
+2. ``metadata``: the ONNX nodes translating the FX node (same ``fx_node`` metadata) end in one value
+   of the FX node's shape and dtype (the value was renamed by the optimizer);
+3. ``folded``: a constant-folded initializer whose ``folded_from`` names the FX node's inputs and whose
+   shape and dtype match (e.g. a transposed weight);
+4. ``consumer``: the only unaligned input of the ONNX nodes translating the FX node's consumers that has
+   its shape and dtype (CSE-merged or renamed values).
+Every candidate must agree in dtype and shape with the FX node's ``meta["val"]``: a name alone is never
+trusted (names collide across programs, see the field notes).
+Inputs and outputs map by position; weights by state-dict key / ``original_node_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .onnx_index import OnnxIndex, ValueType
+
+_TORCH_TO_ONNX = {
+    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.uint16: 4, torch.int16: 5, torch.int32: 6,
+    torch.int64: 7, torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.uint32: 12,
+    torch.uint64: 13, torch.complex64: 14, torch.complex128: 15, torch.bfloat16: 16,
+}
+
+
+def onnx_elem_type(dtype: torch.dtype) -> int:
+    return _TORCH_TO_ONNX.get(dtype, 0)
+
+
+def fx_shape_type(val) -> str:
+    """Compact description of an FX ``meta['val']`` in the same style as ``ValueType.describe``."""
+    if isinstance(val, torch.Tensor):
+        dims = "x".join(str(d) for d in val.shape)
+        return f"T{onnx_elem_type(val.dtype)}s{dims}"
+    if isinstance(val, (tuple, list)):
+        return "(" + ",".join(fx_shape_type(v) for v in val) + ")"
+    if val is None:
+        return "None"
+    return type(val).__name__
+
+
+@dataclass
+class FxNodeInfo:
+    index: int
+    name: str
+    op: str
+    target: str
+    module: str = ""
+    stack_line: str = ""
+    origin: str | None = None
+    shape_type: str = ""
+    is_tensor: bool = False
+
+
+@dataclass
+class Pair:
+    fx_name: str
+    onnx_value: str
+    how: str          # name | metadata | folded | consumer | input | output | weight
+    kind: str = "node"
+
+
+@dataclass
+class WeightPair:
+    placeholder: str        # FX placeholder name (p_*, b_*, c_*)
+    key: str                # state-dict key / constant name
+    onnx_name: str | None   # ONNX initializer
+    comparable: bool
+    comment: str = ""
+
+
+@dataclass
+class Alignment:
+    fx_nodes: list[FxNodeInfo]
+    pairs: dict[str, Pair] = field(default_factory=dict)       # FX node name -> pair
+    onnx_to_fx: dict[str, str] = field(default_factory=dict)   # ONNX value -> FX node name
+    weights: list[WeightPair] = field(default_factory=list)
+    input_pairs: list[tuple[str, str]] = field(default_factory=list)   # (FX placeholder, ONNX input)
+    output_pairs: list[tuple[str | None, str]] = field(default_factory=list)  # (FX value or None, ONNX output)
+    fx_group: dict[str, list[int]] = field(default_factory=dict)  # FX node -> ONNX node indices
+
+
+def is_scalar(val) -> bool:
+    return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _shape_matches(val, vt: ValueType | None) -> bool:
+    if vt is None or not vt.elem_type:
+        return False
+    if is_scalar(val):  # shape arithmetic (sym_size...) is a 0-d or [1] tensor in ONNX
+        return vt.shape is None or tuple(vt.shape) in ((), (1,))
+    if not isinstance(val, torch.Tensor):
+        return False
+    if onnx_elem_type(val.dtype) != vt.elem_type:
+        return False
+    if vt.shape is None:
+        return True
+    fx_shape = tuple(val.shape)
+    if len(fx_shape) != len(vt.shape):
+        # torch 0-d vs ONNX [1]
+        return (len(fx_shape) == 0 and tuple(vt.shape) in ((1,), ())) or (len(vt.shape) == 0 and fx_shape == (1,))
+    for a, b in zip(fx_shape, vt.shape):
+        if isinstance(b, int) and b > 0 and isinstance(a, int) and a != b:
+            return False
+        if isinstance(a, torch.SymInt) and isinstance(b, int) and b > 0:
+            hint = a.node.hint if hasattr(a, "node") else None
+            if hint is not None and hint != b:
+                return False
+    return True
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    return list(stack.values())[-1][0]
+
+
+def _stack_line(node: torch.fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    # "File ..., line N, in f" followed by the code line: keep both, compactly.
+    if len(lines) >= 2 and lines[-2].startswith("File"):
+        return f"{lines[-2]}: {lines[-1]}"
+    return lines[-1] if lines else ""
+
+
+def _origin(node: torch.fx.Node, user_graph_id: int | None) -> str | None:
+    sources = node.meta.get("from_node")
+    last = None
+    while sources:
+        src = sources[0]
+        last = src.name
+        if user_graph_id is not None and getattr(src, "graph_id", None) == user_graph_id:
+            return src.name
+        sources = src.from_node
+    return last if user_graph_id is None else (last or node.name)
+
+
+def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None) -> list[FxNodeInfo]:
+    infos = []
+    for i, node in enumerate(program.graph.nodes):
+        val = node.meta.get("val")
+        infos.append(FxNodeInfo(
+            index=i, name=node.name, op=node.op,
+            target=str(node.target) if node.op == "call_function" else node.op,
+            module=_module_path(node), stack_line=_stack_line(node),
+            origin=_origin(node, user_graph_id) if node.op == "call_function" else None,
+            shape_type=fx_shape_type(val), is_tensor=isinstance(val, torch.Tensor) or is_scalar(val),
+        ))
+    return infos
+
+
+def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
+    graph = program.graph
+    nodes = list(graph.nodes)
+    al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id))
+    by_name = {n.name: n for n in nodes}
+
+    # ONNX nodes grouped by the FX node they translate.
+    for i, fx in enumerate(index.node_fx):
+        if fx is not None:
+            al.fx_group.setdefault(fx, []).append(i)
+
+    def take(fx_name: str, value: str, how: str, kind: str = "node") -> None:
+        al.pairs[fx_name] = Pair(fx_name, value, how, kind)
+        al.onnx_to_fx[value] = fx_name
+
+    # Inputs, by position of the flattened (args, kwargs).
+    sig = program.graph_signature
+    user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in set(sig.user_inputs)]
+    user_inputs.sort(key=lambda n: list(sig.user_inputs).index(n.name))
+    for fx_node, onnx_name in zip(user_inputs, index.inputs):
+        al.input_pairs.append((fx_node.name, onnx_name))
+        if isinstance(fx_node.meta.get("val"), torch.Tensor):
+            take(fx_node.name, onnx_name, "input", "input")
+
+    # Weights: parameters, buffers and lifted constants become initializers named by state-dict key.
+    has_origin_meta = any("pkg.torch.onnx.original_node_name" in m for m in index.value_meta.values())
+    by_original = {m["pkg.torch.onnx.original_node_name"]: v for v, m in index.value_meta.items()
+                   if "pkg.torch.onnx.original_node_name" in m and v in index.initializers}
+    placeholder_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+                        **sig.inputs_to_lifted_tensor_constants}
+    for ph, key in placeholder_keys.items():
+        onnx_name = by_original.get(ph)
+        if onnx_name is not None:
+            al.weights.append(WeightPair(ph, key, onnx_name, True))
+            take(ph, onnx_name, "weight", "weight")
+        elif key in index.initializers:
+            if has_origin_meta:
+                # Same name, no provenance: the optimizer rewrote it (e.g. BatchNorm folded into Conv).
+                al.weights.append(WeightPair(ph, key, key, False,
+                                             "initializer rewritten by the ONNX optimizer (no original_node_name)"))
+            else:
+                al.weights.append(WeightPair(ph, key, key, True))
+                take(ph, key, "weight", "weight")
+        else:
+            al.weights.append(WeightPair(ph, key, None, False, "no initializer: folded or removed by the optimizer"))
+
+    # Outputs, by position of the flattened outputs.
+    out_node = next(n for n in reversed(nodes) if n.op == "output")
+    flat_out = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
+    for pos, onnx_name in enumerate(index.outputs):
+        fx_val = flat_out[pos] if pos < len(flat_out) else None
+        fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None
+        al.output_pairs.append((fx_name, onnx_name))
+
+    # Intermediate values.
+    produced = index.producer
+    for node in nodes:
+        if node.op != "call_function" or node.name in al.pairs:
+            continue
+        val = node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) or is_scalar(val)):
+            continue
+        name = node.name
+        # 1. by name, checked by provenance and type
+        if name in produced and index.node_fx[produced[name]] in (name, None) \
+                and _shape_matches(val, index.types.get(name)) and name not in al.onnx_to_fx:
+            take(name, name, "name")
+            continue
+        if name in index.initializers and _shape_matches(val, index.types.get(name)) \
+                and name not in al.onnx_to_fx:
+            take(name, name, "name")
+            continue
+        # 2. the value ending the group of ONNX nodes translating this FX node
+        group = al.fx_group.get(name, [])
+        if group:
+            members = set(group)
+            ends = []
+            for i in group:
+                for o in index.nodes[i].output:
+                    if not o or o in al.onnx_to_fx:
+                        continue
+                    used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs
+                    if used_outside and _shape_matches(val, index.types.get(o)):
+                        ends.append(o)
+            if len(ends) >= 1:
+                take(name, ends[-1], "metadata")
+                continue
+    # 3./4. values whose producer vanished: look at what their consumers read.
+    for node in nodes:
+        if node.op != "call_function" or node.name in al.pairs:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        candidates = []
+        for user in node.users:
+            for i in al.fx_group.get(user.name, []):
+                for x in index.node_inputs[i]:
+                    if x in al.onnx_to_fx or x in candidates:
+                        continue
+                    producer = produced.get(x)
+                    if producer is not None and index.node_fx[producer] == user.name:
+                        continue  # internal to the consumer's own translation
+                    if _shape_matches(val, index.types.get(x)):
+                        candidates.append(x)
+        folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
+        if len(folded) == 1:
+            take(node.name, folded[0], "folded")
+        elif len(candidates) == 1:
+            take(node.name, candidates[0], "consumer")
+    return al

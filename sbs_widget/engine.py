@@ -1,0 +1,734 @@
+"""The lockstep engine: run the FX program and the ONNX model side by side and yield one ``Record``
+per aligned pair as soon as both sides have produced it.
+
+Design (see the field notes):
+- the FX side is the decomposed program, run node by node (``fx_runner``);
+- the ONNX side runs segment by segment (``segments``): one session per segment, created once and
+  cached on the ``Prepared`` object, so reruns (reset experiments) pay nothing again;
+- each value is freed once compared and no longer read on its side;
+- the ONNX side always runs with the ONNX file's own weights.
+
+>>> import torch, sbs_widget
+>>> model, inputs = sbs_widget.dummy_llm()
+>>> ep = torch.export.export(model, inputs)
+>>> onx = torch.onnx.export(ep, inputs, dynamo=True).model_proto  # doctest: +SKIP
+>>> records = list(sbs_widget.run_aligned(ep, onx, inputs))       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import onnx
+import torch
+
+from . import records as R
+from .align import Alignment, align, fx_shape_type
+from .errors import InputError, ModelMismatchError, ToleranceExceeded
+from .fx_runner import FxRunner, check_inputs, flat_inputs, last_uses
+from .loading import (
+    decompose_as_exporter,
+    is_onnx_program,
+    load_exported_program,
+    load_inputs,
+    load_onnx_model,
+)
+from .local import LocalGroup, build_group, local_model, ANCHOR
+from .metrics import as_numpy, compute_errors, same_shape
+from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
+from .records import Record
+from .runtimes import Runtime, get_runtime
+from .segments import Segment, describe_segment, numpy_elem_type, plan_segments, segment_model
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-4
+SEGMENT_NODES = 200  # ONNX nodes per segment: fewer sessions vs fewer values alive at once
+
+Progress = Callable[[int, int, str], None]
+
+
+def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex) -> tuple[int, int]:
+    """How many FX nodes named by the ONNX metadata (``pkg.torch.onnx.fx_node`` holds the node as
+    ``format_node()`` prints it) exist in ``program`` exactly so: name, target, arguments, users."""
+    printed = {n.name: n.format_node() for n in program.graph.nodes if n.op == "call_function"}
+    named = {}
+    for i, fx in enumerate(index.node_fx):
+        if fx:
+            named[fx] = index.node_meta[i].get("pkg.torch.onnx.fx_node", "")
+    ok = sum(1 for fx, text in named.items() if printed.get(fx) == text)
+    return ok, len(named)
+
+
+def _fx_outputs(program: torch.export.ExportedProgram) -> list:
+    out = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    return list(torch.utils._pytree.tree_leaves(out.args[0]))
+
+
+@dataclass
+class _Runtime:
+    """What a run keeps between segments."""
+
+    torch_env: dict
+    onnx_env: dict
+    onnx_shapes: dict
+    onnx_errors: dict
+
+
+class Prepared:
+    """A program and an ONNX model made ready for comparison: decomposition, alignment, segment plan
+    and compiled sessions. Build it once (``prepare``), ``run`` it many times."""
+
+    def __init__(self, decomposed: torch.export.ExportedProgram, model: onnx.ModelProto,
+                 user_ep: torch.export.ExportedProgram | None = None):
+        self.decomposed_ep = decomposed
+        self.user_ep = user_ep
+        self.onnx_model = model
+        self.index = OnnxIndex.build(model)
+        self.alignment: Alignment = align(decomposed, self.index, id(user_ep.graph) if user_ep else None)
+        graph = decomposed.graph
+        self.fx_nodes = list(graph.nodes)
+        self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
+        self.fx_last_use = last_uses(graph)
+        self.n_fx_nodes = sum(1 for n in self.fx_nodes if n.op == "call_function")
+        self.n_onnx_nodes = len(self.index.nodes)
+        n = len(self.index.nodes)
+        self.last_reader: dict[str, int] = {}
+        for v, readers in self.index.consumers.items():
+            self.last_reader[v] = max(readers)
+        for o in self.index.outputs:
+            self.last_reader[o] = n
+        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
+        self.folded_into: dict[str, str] = {}
+        for name in self.index.initializers:
+            for src in self.index.folded_from(name):
+                self.folded_into.setdefault(src, name)
+        self._segments: dict[tuple[int, int], Segment] = {}
+        self._compiled: dict[tuple, Callable] = {}
+        self._groups: dict[str, LocalGroup | None] = {}
+        self._weights: dict[str, np.ndarray] | None = None
+        self._check_outputs()
+
+    # -- one-time checks -------------------------------------------------------------------------
+    def _check_outputs(self) -> None:
+        fx_out = _fx_outputs(self.decomposed_ep)
+        if len(fx_out) != len(self.index.outputs):
+            raise ModelMismatchError(
+                f"the ExportedProgram has {len(fx_out)} outputs and the ONNX model {len(self.index.outputs)} "
+                f"({self.index.outputs[:5]}): they do not come from the same model; export the ONNX "
+                "model from this program (torch.onnx.export(ep, ..., dynamo=True))"
+            )
+
+    # -- cached pieces ---------------------------------------------------------------------------
+    def segment(self, start: int, end: int) -> Segment:
+        key = (start, end)
+        if key not in self._segments:
+            self._segments[key] = describe_segment(self.index, start, end, self.wanted, self.last_reader)
+        return self._segments[key]
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The ONNX file's initializers as numpy arrays (one copy, shared by every segment)."""
+        if self._weights is None:
+            self._weights = {name: self.index.initializer_array(name) for name in self.index.initializers}
+        return self._weights
+
+    def group(self, value: str) -> LocalGroup | None:
+        if value not in self._groups:
+            twins = set(self.alignment.onnx_to_fx)
+            self._groups[value] = build_group(self.index, value, twins)
+        return self._groups[value]
+
+    def compiled(self, runtime: Runtime, key: tuple, build: Callable[[], onnx.ModelProto]):
+        full = (runtime.name, id(runtime)) + key
+        fn = self._compiled.get(full)
+        if fn is None:
+            fn = runtime.compile(build())
+            self._compiled[full] = fn
+        return fn
+
+    # -- names -----------------------------------------------------------------------------------
+    def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
+        """Map names given by a user (FX node names or ONNX value names) to ONNX values."""
+        out: dict[str, str] = {}
+        fx_to_onnx = {k: p.onnx_value for k, p in self.alignment.pairs.items()}
+        for name in names:
+            if name in self.alignment.onnx_to_fx and name in self.index.producer:
+                out[name] = name
+            elif name in fx_to_onnx and fx_to_onnx[name] in self.index.producer:
+                out[name] = fx_to_onnx[name]
+            else:
+                known = list(self.alignment.onnx_to_fx) + list(fx_to_onnx)
+                close = difflib.get_close_matches(name, known, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise InputError(
+                    f"cannot reset {name!r}: it is neither an FX node nor an ONNX value computed by a node "
+                    f"with a torch twin{hint}"
+                )
+        return out
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
+            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
+            node_local: bool = False, exc: bool = False, progress: Progress | None = None,
+            histogram: bool = True, segment_nodes: int = SEGMENT_NODES) -> Iterator[Record]:
+        """Yield records in execution order; see ``run_aligned`` for the options."""
+        args, kwargs = load_inputs(args, kwargs)
+        flat = flat_inputs(self.decomposed_ep, args, kwargs)
+        check_inputs(self.decomposed_ep, flat)
+        user_tensors = [v for v in flat[len(flat) - len(self.decomposed_ep.graph_signature.user_inputs):]]
+        cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in user_tensors)
+        if cuda:
+            device = next(v.device for v in user_tensors if isinstance(v, torch.Tensor) and v.is_cuda)
+            flat = [v.to(device) if isinstance(v, torch.Tensor) else v for v in flat]
+        n_tensor_inputs = len(self.alignment.input_pairs)
+        if len(self.index.inputs) != len([p for p in self.alignment.input_pairs]) or \
+                len(self.index.inputs) != len(self.decomposed_ep.graph_signature.user_inputs):
+            raise ModelMismatchError(
+                f"the ONNX model has {len(self.index.inputs)} inputs {self.index.inputs} but the program "
+                f"{len(self.decomposed_ep.graph_signature.user_inputs)} user inputs "
+                f"{list(self.decomposed_ep.graph_signature.user_inputs)} ({n_tensor_inputs} mapped)"
+            )
+        rt = get_runtime(runtime, cuda=cuda)
+        reset = self.resolve_names(reset_names)
+        return _Run(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
+                    histogram, segment_nodes).records()
+
+
+class _Run:
+    """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
+
+    def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
+                 histogram, segment_nodes):
+        self.p, self.flat, self.rt = p, flat, runtime
+        self.atol, self.rtol, self.reset = atol, rtol, reset
+        self.node_local, self.exc, self.progress = node_local, exc, progress
+        self.histogram = histogram
+        self.runner = FxRunner(p.decomposed_ep)
+        self.onnx_env: dict[str, object] = {}
+        self.onnx_shapes: dict[str, tuple] = {}
+        self.onnx_errors: dict[str, str] = {}
+        self.fx_times: dict[str, float] = {}
+        self.fx_errors: dict[str, str] = {}
+        self.done = 0
+        idx = p.index
+        cuts = {idx.producer[v] for v in reset}
+        self.ranges = plan_segments(idx, cuts, segment_nodes)
+        self.segment_of_node = np.zeros(len(idx.nodes), dtype=np.int64)
+        for s, (a, b) in enumerate(self.ranges):
+            self.segment_of_node[a:b] = s
+        # The engine's own hold on torch values: until the segment that compares them (or feeds
+        # them to a node-local group) is done.
+        self.fx_release: dict[str, int] = {}
+        self.fx_need: list[int] = [-1] * len(self.ranges)
+        for fx_name, pair in p.alignment.pairs.items():
+            v = pair.onnx_value
+            if v in idx.producer:
+                s = int(self.segment_of_node[idx.producer[v]])
+                self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
+                self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
+                if node_local:
+                    g = p.group(v)
+                    if g is not None:
+                        for a in g.anchors:
+                            f = p.alignment.onnx_to_fx[a]
+                            self.fx_release[f] = max(self.fx_release.get(f, -1), s)
+        for fx_name, _ in p.alignment.output_pairs:
+            if fx_name:
+                self.fx_release[fx_name] = len(self.ranges)  # kept for the output records
+        self.current_segment = -1
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _onnx_value(self, name: str):
+        if name in self.onnx_env:
+            return self.onnx_env[name]
+        if name in self.p.index.initializers:
+            return self.p.weights()[name]
+        raise KeyError(name)
+
+    def _release_fx(self) -> None:
+        pos = self.runner.position
+        env = self.runner.env
+        for name in list(env):
+            if self.p.fx_last_use.get(name, -1) < pos and self.fx_release.get(name, -1) <= self.current_segment:
+                node_pos = self.p.fx_position[name]
+                if node_pos < pos:
+                    del env[name]
+
+    def _to_feed(self, value, like_name: str):
+        """A torch value as the ONNX side expects value ``like_name`` (dtype and shape)."""
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value)
+        t = value.detach()
+        if t.dtype == torch.bfloat16:
+            raise TypeError("bfloat16 values cannot be fed to onnxruntime from numpy")
+        arr = t.cpu().numpy()
+        vt = self.p.index.types.get(like_name)
+        if vt is not None and vt.elem_type in ONNX_TO_NUMPY and arr.dtype != ONNX_TO_NUMPY[vt.elem_type]:
+            arr = arr.astype(ONNX_TO_NUMPY[vt.elem_type])
+        shape = self.onnx_shapes.get(like_name)
+        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == int(np.prod(shape)):
+            arr = arr.reshape(shape)
+        return np.ascontiguousarray(arr)
+
+    def _record(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str = "") -> Record:
+        p = self.p
+        rec = Record(kind=kind, onnx_name=onnx_name)
+        if fx_name is not None:
+            info = p.alignment.fx_nodes[p.fx_position[fx_name]]
+            rec.ep_id_node = info.index
+            rec.ep_name = fx_name
+            rec.ep_target = info.target
+            rec.ep_shape_type = info.shape_type
+            rec.module = info.module
+            rec.stack_trace = info.stack_line
+            rec.ep_origin = info.origin
+            rec.ep_time_run = self.fx_times.get(fx_name)
+        if onnx_name is not None:
+            i = p.index.producer.get(onnx_name)
+            if i is not None:
+                node = p.index.nodes[i]
+                rec.onnx_id_node = i
+                rec.onnx_op_type = node.op_type
+                rec.onnx_node_name = node.name
+                rec.onnx_id_output = list(node.output).index(onnx_name)
+                if not rec.module:
+                    rec.module = p.index.module_of_node(i)
+            elif onnx_name in p.index.initializers:
+                rec.onnx_op_type = "initializer"
+            elif onnx_name in p.index.inputs:
+                rec.onnx_op_type = "input"
+            rec.onnx_shape_type = p.index.describe(onnx_name)
+        if how and how not in ("name", "input", "weight", "output"):
+            rec.comment = f"matched by {how}"
+        return rec
+
+    def _compare(self, rec: Record, expected, got) -> Record:
+        try:
+            e = as_numpy(expected)
+            g = as_numpy(got)
+        except TypeError as err:
+            rec.status = R.ERROR
+            rec.comment = _join(rec.comment, f"cannot read the value: {err}")
+            return rec
+        rec.ep_shape_type = fx_shape_type(expected) if isinstance(expected, torch.Tensor) else _np_shape_type(e)
+        rec.onnx_shape_type = _np_shape_type(g)
+        if not same_shape(e, g):
+            rec.status = R.ERROR
+            rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")
+            return rec
+        if e.dtype != g.dtype and not (isinstance(expected, torch.Tensor) and expected.dtype == torch.bfloat16):
+            rec.comment = _join(rec.comment, f"dtypes differ: torch {e.dtype} vs onnx {g.dtype}")
+        err = compute_errors(e, g, atol=self.atol, rtol=self.rtol, histogram=self.histogram)
+        rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
+        rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
+        rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
+        rec.status = R.OK if err.within_tolerance else R.MISMATCH
+        return rec
+
+    def _check_exc(self, rec: Record) -> None:
+        if self.exc and rec.status == R.MISMATCH:
+            raise ToleranceExceeded(
+                f"beyond tolerance (atol={self.atol}, rtol={self.rtol}) at FX node {rec.ep_name!r} "
+                f"({rec.ep_target}, {rec.ep_shape_type}) vs ONNX value {rec.onnx_name!r} "
+                f"({rec.onnx_op_type} node {rec.onnx_node_name!r}, {rec.onnx_shape_type}): "
+                f"err_abs={rec.err_abs:.3g} err_rel={rec.err_rel:.3g} err_nan={rec.err_nan}",
+                rec,
+            )
+
+    # -- the FX side -----------------------------------------------------------------------------
+    def _advance_fx(self, until: int) -> Iterator[Record]:
+        p = self.p
+        runner = self.runner
+        last = len(p.fx_nodes) - 1  # the output node
+        while runner.position <= min(until, last - 1) and runner.position < last:
+            position = runner.position
+            node = p.fx_nodes[position]
+            try:
+                node, value, seconds = runner.step()
+            except RuntimeError as e:
+                # A failed FX node: nothing downstream can run on the torch side.
+                self.fx_errors[node.name] = str(e)
+                rec = self._record(node.name, None, R.KIND_NODE)
+                rec.status = R.ERROR
+                rec.comment = str(e)
+                runner.position = last
+                yield rec
+                return
+            if node.op != "call_function":
+                continue
+            self.fx_times[node.name] = seconds
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, p.n_fx_nodes, node.name)
+            info = p.alignment.fx_nodes[position]
+            pair = p.alignment.pairs.get(node.name)
+            if pair is None:
+                if info.is_tensor:
+                    yield self._one_sided_fx(node.name)
+            elif pair.onnx_value not in p.index.producer and pair.onnx_value in p.index.initializers:
+                rec = self._record(node.name, pair.onnx_value, R.KIND_NODE, pair.how)
+                rec.comment = _join(rec.comment, "constant-folded into an initializer")
+                rec = self._compare(rec, value, p.weights()[pair.onnx_value])
+                self._check_exc(rec)
+                yield rec
+            self._release_fx()
+
+    def _one_sided_fx(self, fx_name: str) -> Record:
+        p = self.p
+        rec = self._record(fx_name, None, R.KIND_NODE)
+        rec.status = R.ONE_SIDED
+        if fx_name in p.folded_into:
+            rec.comment = f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
+        elif fx_name in p.alignment.fx_group:
+            ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
+            rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
+        else:
+            rec.comment = "no ONNX value: removed or fused by the ONNX optimizer"
+        return rec
+
+    # -- the ONNX side ---------------------------------------------------------------------------
+    def _run_segment(self, seg: Segment) -> float:
+        feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+        begin = time.perf_counter()
+        if len(feeds) == len(seg.inputs) and seg.outputs:
+            types = {x: numpy_elem_type(a) for x, a in feeds.items()}
+            key = ("seg", seg.start, seg.end, tuple(sorted(types.items())))
+            try:
+                fn = self.p.compiled(self.rt, key, lambda: segment_model(self.p.index, seg, types))
+                outs = fn(feeds, seg.outputs)
+            except Exception:  # an op the runtime cannot run: find it node by node
+                outs = None
+            if outs is not None:
+                for o, arr in zip(seg.outputs, outs):
+                    self.onnx_env[o] = arr
+                    self.onnx_shapes[o] = getattr(arr, "shape", ())
+                return time.perf_counter() - begin
+        self._run_nodes_one_by_one(seg)
+        return time.perf_counter() - begin
+
+    def _available(self, name: str) -> bool:
+        return name in self.onnx_env or name in self.p.index.initializers
+
+    def _run_nodes_one_by_one(self, seg: Segment) -> None:
+        """Fallback when a segment fails: each node alone; a failing node's outputs are replaced by
+        their torch twins (when they exist) so that the rest of the model still runs."""
+        p = self.p
+        for i in range(seg.start, seg.end):
+            one = p.segment(i, i + 1)
+            node = p.index.nodes[i]
+            missing = [x for x in one.inputs if not self._available(x)]
+            error = None
+            if missing:
+                error = f"input {missing[0]!r} unavailable (an upstream node failed)"
+            else:
+                feeds = {x: self._onnx_value(x) for x in one.inputs}
+                types = {x: numpy_elem_type(a) for x, a in feeds.items()}
+                key = ("seg", i, i + 1, tuple(sorted(types.items())))
+                try:
+                    fn = p.compiled(self.rt, key, lambda: segment_model(p.index, one, types))
+                    outs = fn(feeds, one.outputs)
+                    for o, arr in zip(one.outputs, outs):
+                        self.onnx_env[o] = arr
+                        self.onnx_shapes[o] = getattr(arr, "shape", ())
+                except Exception as e:
+                    error = f"{self.rt.name} failed on {node.op_type} node {node.name!r}: {type(e).__name__}: " \
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            if error is None:
+                continue
+            for o in node.output:
+                if not o:
+                    continue
+                self.onnx_errors[o] = error
+                fx_name = p.alignment.onnx_to_fx.get(o)
+                if fx_name is not None and fx_name in self.runner.env:
+                    try:
+                        self.onnx_env[o] = self._to_feed(self.runner.env[fx_name], o)
+                        self.onnx_errors[o] = error + "; downstream nodes read the torch value"
+                    except (TypeError, ValueError):
+                        pass
+
+    def _run_local(self, seg: Segment) -> dict[str, np.ndarray]:
+        """Node-local values for the compared values of ``seg`` (one session for all groups)."""
+        p = self.p
+        env = self.runner.env
+        groups = []
+        for i in range(seg.start, seg.end):
+            for o in p.index.nodes[i].output:
+                if o and o in p.alignment.onnx_to_fx and p.index.nodes[i].op_type != "Constant":
+                    g = p.group(o)
+                    if g is not None and all(p.alignment.onnx_to_fx[a] in env for a in g.anchors):
+                        groups.append(g)
+        if not groups:
+            return {}
+        feeds: dict[str, np.ndarray] = {}
+        try:
+            for g in groups:
+                for a in g.anchors:
+                    if ANCHOR + a not in feeds:
+                        feeds[ANCHOR + a] = self._to_feed(env[p.alignment.onnx_to_fx[a]], a)
+                for c in g.constants:
+                    if c not in feeds and self._is_big(c):
+                        feeds[c] = p.weights()[c]
+        except (TypeError, ValueError):
+            return {}
+        types = {k: numpy_elem_type(v) for k, v in feeds.items()}
+        key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        try:
+            fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types)[0])
+            outs = fn(feeds, [g.output_name(k) for k, g in enumerate(groups)])
+        except Exception:
+            return self._run_local_one_by_one(groups, feeds)
+        return {g.value: o for g, o in zip(groups, outs)}
+
+    def _is_big(self, name: str) -> bool:
+        from .segments import SMALL_INITIALIZER, _numel
+
+        return _numel(self.p.index.initializers[name]) > SMALL_INITIALIZER
+
+    def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
+        out = {}
+        for g in groups:
+            sub = {ANCHOR + a: feeds[ANCHOR + a] for a in g.anchors}
+            sub.update({c: feeds[c] for c in g.constants if c in feeds})
+            types = {k: numpy_elem_type(v) for k, v in sub.items()}
+            try:
+                fn = self.p.compiled(self.rt, ("local1", g.value, tuple(sorted(types.items()))),
+                                     lambda: local_model(self.p.index, [g], types)[0])
+                out[g.value] = fn(sub, [g.output_name(0)])[0]
+            except Exception:
+                continue
+        return out
+
+    def _segment_records(self, seg: Segment, seconds: float) -> Iterator[Record]:
+        p = self.p
+        env = self.runner.env
+        local = self._run_local(seg) if self.node_local else {}
+        n_nodes = max(1, seg.end - seg.start)
+        for i in range(seg.start, seg.end):
+            node = p.index.nodes[i]
+            for o in node.output:
+                if not o:
+                    continue
+                fx_name = p.alignment.onnx_to_fx.get(o)
+                if fx_name is None:
+                    if node.op_type == "Constant" or o in p.index.outputs:
+                        continue
+                    rec = self._record(None, o, R.KIND_NODE)
+                    rec.status = R.ONE_SIDED
+                    rec.comment = _join("ONNX only", self.onnx_errors.get(o, ""))
+                    if o in self.onnx_errors:
+                        rec.status = R.ERROR
+                    yield rec
+                    continue
+                pair = p.alignment.pairs[fx_name]
+                rec = self._record(fx_name, o, pair.kind, pair.how)
+                rec.onnx_time_run = seconds / n_nodes
+                if o in self.onnx_errors:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, self.onnx_errors[o])
+                elif fx_name not in env:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, self.fx_errors.get(fx_name, "torch value unavailable "
+                                                                        "(an upstream FX node failed)"))
+                elif o not in self.onnx_env:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, "ONNX value unavailable")
+                else:
+                    rec = self._compare(rec, env[fx_name], self.onnx_env[o])
+                    if o in local and rec.status != R.ERROR:
+                        try:
+                            rec.err_local = compute_errors(env[fx_name], np.asarray(local[o]).reshape(
+                                self.onnx_shapes.get(o, np.shape(local[o]))), atol=self.atol,
+                                rtol=self.rtol).err_abs
+                        except (RuntimeError, ValueError, TypeError):
+                            pass
+                    if o in self.reset:
+                        try:
+                            self.onnx_env[o] = self._to_feed(env[fx_name], o)
+                            rec.status = R.RESET
+                            rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the torch value")
+                        except (TypeError, ValueError) as e:
+                            rec.comment = _join(rec.comment, f"cannot reset: {e}")
+                    self._check_exc(rec)
+                yield rec
+
+    def _free_onnx(self, seg: Segment) -> None:
+        outputs = set(self.p.index.outputs)
+        for name in list(seg.inputs) + list(seg.outputs):
+            if name in outputs:
+                continue
+            if self.p.last_reader.get(name, -1) < seg.end and name in self.onnx_env:
+                del self.onnx_env[name]
+
+    # -- the whole run ---------------------------------------------------------------------------
+    def records(self) -> Iterator[Record]:
+        p = self.p
+        self.runner.feed(self.flat)
+        yield from self._input_records()
+        yield from self._weight_records()
+        for s, (a, b) in enumerate(self.ranges):
+            self.current_segment = s - 1
+            yield from self._advance_fx(self.fx_need[s])
+            seg = p.segment(a, b)
+            seconds = self._run_segment(seg)
+            self.current_segment = s
+            yield from self._segment_records(seg, seconds)
+            self._free_onnx(seg)
+            self._release_fx()
+        yield from self._advance_fx(len(p.fx_nodes))
+        yield from self._output_records()
+
+    def _input_records(self) -> Iterator[Record]:
+        for fx_name, onnx_name in self.p.alignment.input_pairs:
+            value = self.runner.env[fx_name]
+            if isinstance(value, torch.Tensor):
+                try:
+                    arr = self._to_feed(value, onnx_name)
+                except (TypeError, ValueError) as e:
+                    raise InputError(f"input {fx_name!r} cannot be fed to the ONNX model: {e}") from e
+                self.onnx_env[onnx_name] = arr
+                self.onnx_shapes[onnx_name] = arr.shape
+                rec = self._record(fx_name, onnx_name, R.KIND_INPUT)
+                vt = self.p.index.types.get(onnx_name)
+                if vt is not None and vt.elem_type and vt.elem_type != numpy_elem_type(arr):
+                    raise InputError(f"input {fx_name!r}: the ONNX model expects element type {vt.elem_type}")
+                yield self._compare(rec, value, arr)
+
+    def _weight_records(self) -> Iterator[Record]:
+        p = self.p
+        env = self.runner.env
+        for w in p.alignment.weights:
+            rec = self._record(w.placeholder, w.onnx_name if w.onnx_name else None, R.KIND_WEIGHT)
+            rec.ep_target = w.key
+            rec.onnx_op_type = "initializer" if w.onnx_name else None
+            if not w.comparable:
+                rec.status = R.ONE_SIDED
+                rec.comment = w.comment
+                yield rec
+                continue
+            rec = self._compare(rec, env[w.placeholder], p.weights()[w.onnx_name])
+            self._check_exc(rec)
+            yield rec
+
+    def _output_records(self) -> Iterator[Record]:
+        env = self.runner.env
+        fx_out = _fx_outputs(self.p.decomposed_ep)
+        for pos, (fx_val, onnx_name) in enumerate(zip(fx_out, self.p.index.outputs)):
+            fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None
+            rec = self._record(fx_name, onnx_name, R.KIND_OUTPUT)
+            rec.ep_name = rec.ep_name or f"output[{pos}]"
+            rec.comment = _join(f"output {pos}", rec.comment)
+            expected = env.get(fx_name) if fx_name is not None else fx_val
+            if onnx_name in self.onnx_errors:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, self.onnx_errors[onnx_name])
+            elif fx_name is not None and fx_name not in env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "torch value unavailable")
+            elif onnx_name not in self.onnx_env and onnx_name not in self.p.index.initializers:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "ONNX value unavailable")
+            elif expected is None:
+                rec.status = R.ONE_SIDED
+                rec.comment = _join(rec.comment, "torch output is None")
+            else:
+                rec = self._compare(rec, expected if isinstance(expected, torch.Tensor) else torch.tensor(expected),
+                                    self._onnx_value(onnx_name))
+                self._check_exc(rec)
+            yield rec
+
+
+def _np_shape_type(a: np.ndarray) -> str:
+    return f"T{numpy_elem_type(a)}s{'x'.join(str(d) for d in a.shape)}"
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a and b else (a or b)
+
+
+# -- public entry points --------------------------------------------------------------------------
+
+_PREPARED: dict[tuple, tuple] = {}
+
+
+def prepare(ep, onx=None) -> Prepared:
+    """Load, decompose (as the exporter does) and align once; the result runs many times.
+
+    ``ep``: an ExportedProgram (the one ``torch.export.export`` returns), a ``.pt2`` path, or the
+    ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional).
+    ``onx``: an ``onnx.ModelProto`` or a path (external data is loaded).
+    Results are cached per (ep, onx) object so that repeated calls cost nothing.
+    """
+    key = _cache_key(ep, onx)
+    hit = _PREPARED.get(key)
+    if hit is not None and all(ref() is not None for ref in hit[0]):
+        return hit[1]
+    if is_onnx_program(ep):
+        model = load_onnx_model(onx) if onx is not None else ep.model_proto
+        prepared = Prepared(ep.exported_program, model, None)
+    else:
+        if onx is None:
+            raise InputError("onx is required: pass the ONNX model (ModelProto or path) exported from ep")
+        program = load_exported_program(ep)
+        model = load_onnx_model(onx)
+        index = OnnxIndex.build(model)
+        ok, total = _metadata_agreement(program, index)
+        if total and ok == total:
+            decomposed, user = program, None  # already the program the exporter translated
+        else:
+            decomposed, user = decompose_as_exporter(program), program
+            ok2, total2 = _metadata_agreement(decomposed, index)
+            if total2 and ok2 < 0.5 * total2:
+                raise ModelMismatchError(
+                    f"only {ok2} of the {total2} FX nodes named by the ONNX model's metadata exist in the "
+                    "ExportedProgram (decomposed as the exporter does): the ONNX model was not exported "
+                    "from this program"
+                )
+        prepared = Prepared(decomposed, model, user)
+    refs = tuple(_ref(x) for x in (ep, onx) if x is not None and not isinstance(x, (str, os.PathLike)))
+    _PREPARED[key] = (refs, prepared)
+    return prepared
+
+
+def _ref(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _cache_key(ep, onx) -> tuple:
+    def one(x):
+        if isinstance(x, (str, os.PathLike)):
+            path = os.fspath(x)
+            return ("path", os.path.abspath(path), os.path.getmtime(path) if os.path.exists(path) else 0)
+        return ("obj", id(x))
+
+    return (one(ep), one(onx) if onx is not None else None)
+
+
+def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
+                atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
+                node_local: bool = False, exc: bool = False, progress: Progress | None = None,
+                **options) -> Iterator[Record]:
+    """Run ``ep`` and ``onx`` in lockstep and yield one ``Record`` per aligned pair, in execution order.
+
+    - ``ep``/``onx``: see ``prepare``; ``args``/``kwargs`` the model inputs, or ``args`` a path to a
+      ``torch.save``d inputs file (read with ``weights_only=True``).
+    - ``reset_names``: FX node names or ONNX value names whose torch value replaces the ONNX one for
+      every downstream ONNX node ("if this value were right, would the rest be?").
+    - ``node_local``: also run each ONNX node (or fused group) on torch inputs; fills ``err_local``.
+    - ``atol``/``rtol``: a pair is beyond tolerance when some |diff| > atol + rtol * |torch|.
+    - ``exc``: raise ``ToleranceExceeded`` at the first pair beyond tolerance.
+    - ``progress``: called with ``(done, total, current FX node name)``.
+    - ``runtime``: ``"onnxruntime"`` (CUDA provider when inputs are on CUDA), ``"onnx.reference"`` or
+      an object with ``.name`` and ``.compile(model)``.
+    """
+    prepared = prepare(ep, onx)
+    return prepared.run(args, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=reset_names,
+                        node_local=node_local, exc=exc, progress=progress, **options)

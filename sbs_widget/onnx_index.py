@@ -1,0 +1,150 @@
+"""A read-only index of an ONNX graph: producers, consumers, types, metadata, implicit inputs.
+
+Built once per model; every other ONNX-side module (alignment, segments, local runs) reads it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_FX_NODE_RE = re.compile(r"^%(\S+) :")
+_FX_TARGET_RE = re.compile(r"call_function\[target=([^\]]+)\]")
+
+ONNX_TO_NUMPY = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64,
+    onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+@dataclass
+class ValueType:
+    elem_type: int = 0
+    shape: tuple | None = None  # ints and str (symbolic dims); None if unknown rank
+
+    def describe(self) -> str:
+        if not self.elem_type:
+            return "?"
+        dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
+        return f"T{self.elem_type}s{dims}"
+
+
+def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return ValueType()
+    tt = t.tensor_type
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
+    return ValueType(tt.elem_type, shape)
+
+
+def subgraph_outer_inputs(node: onnx.NodeProto) -> list[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
+    outer: list[str] = []
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for sub in g.node:
+                for name in list(sub.input) + subgraph_outer_inputs(sub):
+                    if name and name not in defined and name not in outer:
+                        outer.append(name)
+                defined.update(sub.output)
+    return outer
+
+
+@dataclass
+class OnnxIndex:
+    model: onnx.ModelProto
+    nodes: list = field(default_factory=list)
+    producer: dict = field(default_factory=dict)     # value -> node index
+    consumers: dict = field(default_factory=dict)    # value -> [node index]
+    node_inputs: list = field(default_factory=list)  # explicit + implicit (subgraph) inputs per node
+    types: dict = field(default_factory=dict)        # value -> ValueType
+    value_meta: dict = field(default_factory=dict)   # value -> {key: value}
+    node_meta: list = field(default_factory=list)    # node index -> {key: value}
+    node_fx: list = field(default_factory=list)      # node index -> FX node name (decomposed program) or None
+    node_fx_target: list = field(default_factory=list)
+    initializers: dict = field(default_factory=dict)  # name -> TensorProto
+    constant_nodes: dict = field(default_factory=dict)  # value -> node index of a Constant node
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    @classmethod
+    def build(cls, model: onnx.ModelProto) -> "OnnxIndex":
+        g = model.graph
+        idx = cls(model=model)
+        idx.nodes = list(g.node)
+        idx.initializers = {i.name: i for i in g.initializer}
+        init_names = set(idx.initializers)
+        idx.inputs = [i.name for i in g.input if i.name not in init_names]
+        idx.outputs = [o.name for o in g.output]
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            vt = _value_type(vi)
+            if vt.elem_type or vi.name not in idx.types:
+                idx.types[vi.name] = vt
+            if vi.metadata_props:
+                idx.value_meta.setdefault(vi.name, {}).update({p.key: p.value for p in vi.metadata_props})
+        for init in g.initializer:
+            idx.types.setdefault(init.name, ValueType(init.data_type, tuple(init.dims)))
+            if init.metadata_props:
+                idx.value_meta.setdefault(init.name, {}).update({p.key: p.value for p in init.metadata_props})
+        for i, node in enumerate(idx.nodes):
+            ins = [x for x in node.input if x] + [x for x in subgraph_outer_inputs(node) if x not in node.input]
+            idx.node_inputs.append(ins)
+            for x in ins:
+                idx.consumers.setdefault(x, []).append(i)
+            for o in node.output:
+                if o:
+                    idx.producer[o] = i
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                idx.constant_nodes[node.output[0]] = i
+            meta = {p.key: p.value for p in node.metadata_props}
+            idx.node_meta.append(meta)
+            fx = meta.get("pkg.torch.onnx.fx_node", "")
+            m = _FX_NODE_RE.match(fx)
+            idx.node_fx.append(m.group(1) if m else None)
+            t = _FX_TARGET_RE.search(fx)
+            idx.node_fx_target.append(t.group(1) if t else None)
+        return idx
+
+    def module_of_node(self, i: int) -> str:
+        """Owning module path from ``pkg.torch.onnx.name_scopes`` (element [-2])."""
+        scopes = self.node_meta[i].get("pkg.torch.onnx.name_scopes")
+        if not scopes:
+            return ""
+        try:
+            parts = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            return ""
+        return parts[-2] if len(parts) >= 2 else ""
+
+    def folded_from(self, value: str) -> list[str]:
+        raw = self.value_meta.get(value, {}).get("pkg.onnxscript.optimizer.folded_from")
+        if not raw:
+            return []
+        try:
+            return list(ast.literal_eval(raw))
+        except (ValueError, SyntaxError):
+            return []
+
+    def is_constant(self, value: str) -> bool:
+        return value in self.initializers or value in self.constant_nodes
+
+    def initializer_array(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.initializers[name])
+
+    def describe(self, value: str) -> str:
+        vt = self.types.get(value)
+        return vt.describe() if vt else "?"

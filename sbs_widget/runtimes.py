@@ -1,0 +1,104 @@
+"""ONNX runtimes behind one small protocol, so that others can be plugged in.
+
+A runtime turns an ONNX model into a callable ``feeds -> list of outputs``. The engine compiles a few
+models per comparison (one per segment of the graph, see ``segments.py``), never one per node.
+
+>>> rt = get_runtime("onnxruntime")
+>>> rt.name
+'onnxruntime'
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+import onnx
+
+from .errors import InputError
+
+Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the engine needs from a runtime."""
+
+    name: str
+
+    def compile(self, model: onnx.ModelProto) -> Compiled:
+        """Prepare ``model``; the result is called with feeds and the output names wanted."""
+        ...
+
+
+class OnnxruntimeRuntime:
+    """onnxruntime with graph optimizations off, so that every intermediate value the exporter wrote
+    is the one computed (ORT fusions would otherwise remove them)."""
+
+    name = "onnxruntime"
+
+    def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 0):
+        import onnxruntime
+
+        self._ort = onnxruntime
+        available = onnxruntime.get_available_providers()
+        self.providers = [p for p in (providers or ["CPUExecutionProvider"]) if p in available] \
+            or ["CPUExecutionProvider"]
+        self.intra_op_num_threads = intra_op_num_threads
+
+    def compile(self, model: onnx.ModelProto) -> Compiled:
+        opts = self._ort.SessionOptions()
+        opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        if self.intra_op_num_threads:
+            opts.intra_op_num_threads = self.intra_op_num_threads
+        session = self._ort.InferenceSession(model.SerializeToString(), opts, providers=self.providers)
+
+        def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+            return session.run(outputs, feeds)
+
+        return run
+
+
+class ReferenceRuntime:
+    """``onnx.reference.ReferenceEvaluator``: slow, pure numpy, the ONNX specification's own reading."""
+
+    name = "onnx.reference"
+
+    def compile(self, model: onnx.ModelProto) -> Compiled:
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(model)
+
+        def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+            results = evaluator.run(outputs, feeds)
+            return [np.asarray(r) if not isinstance(r, (list, np.ndarray)) else r for r in results]
+
+        return run
+
+
+RUNTIMES = {
+    "onnxruntime": OnnxruntimeRuntime,
+    "ort": OnnxruntimeRuntime,
+    "onnx.reference": ReferenceRuntime,
+    "reference": ReferenceRuntime,
+}
+
+
+def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False) -> Runtime:
+    """A runtime by name (``onnxruntime``, ``onnx.reference``) or a ``Runtime`` object as is.
+
+    With ``cuda=True`` onnxruntime uses its CUDA provider when the installed build has it.
+    """
+    if isinstance(runtime, str):
+        try:
+            cls = RUNTIMES[runtime]
+        except KeyError:
+            raise InputError(f"unknown runtime {runtime!r}; choose one of {sorted(set(RUNTIMES))} "
+                             "or pass an object with .name and .compile(model)") from None
+        if cls is OnnxruntimeRuntime and cuda:
+            return OnnxruntimeRuntime(["CUDAExecutionProvider", "CPUExecutionProvider"])
+        return cls()
+    if isinstance(runtime, Runtime):
+        return runtime
+    raise InputError(f"runtime must be a name or an object with .name and .compile(model), not {type(runtime).__name__}")

@@ -1,0 +1,118 @@
+"""What a run amounts to: pairs compared, coverage of the user's program, worst pair, first pair
+beyond tolerance. Used by the CLI, the benchmarks and the widget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import records as R
+from .records import Record
+
+_COMPARED = (R.OK, R.MISMATCH, R.RESET)
+
+
+@dataclass
+class Summary:
+    n_records: int = 0
+    n_compared: int = 0
+    by_status: dict = field(default_factory=dict)
+    coverage: float | None = None          # share of the user program's nodes compared
+    covered: int = 0
+    coverable: int = 0
+    uncovered: list = field(default_factory=list)
+    worst: Record | None = None
+    first_beyond: Record | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
+               f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
+        if self.coverage is not None:
+            out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
+                       f"call_function nodes")
+        if self.worst is not None:
+            w = self.worst
+            out.append(f"worst pair: {w.ep_name} / {w.onnx_name} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
+        if self.first_beyond is not None:
+            f = self.first_beyond
+            out.append(f"first pair beyond tolerance: {f.ep_name} / {f.onnx_name} ({f.onnx_op_type}, "
+                       f"module {f.module or '-'}) err_abs={f.err_abs:.3g}")
+        else:
+            out.append("no pair beyond tolerance")
+        return out
+
+
+def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
+    """call_function nodes whose value is a tensor or a number (tuple-valued nodes are covered through
+    their getitem nodes)."""
+    from .align import is_scalar
+
+    out = []
+    for n in program.graph.nodes:
+        if n.op != "call_function":
+            continue
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) or is_scalar(val):
+            out.append(n.name)
+    return out
+
+
+def summarize(records: list[Record], prepared=None) -> Summary:
+    s = Summary(n_records=len(records))
+    for r in records:
+        s.by_status[r.status] = s.by_status.get(r.status, 0) + 1
+        if r.status in _COMPARED and r.err_abs is not None:
+            s.n_compared += 1
+            if s.worst is None or r.err_abs > (s.worst.err_abs or 0):
+                s.worst = r
+            if r.status == R.MISMATCH and s.first_beyond is None:
+                s.first_beyond = r
+    if prepared is not None:
+        s.covered, s.coverable, s.uncovered = coverage(records, prepared)
+        s.coverage = s.covered / s.coverable if s.coverable else None
+    return s
+
+
+def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
+    """Covered / coverable nodes of the user's program (the decomposed one when the user handed over
+    the ONNXProgram). A user node is covered when the last decomposed node coming from it, the one that
+    holds its value, was compared. Dead nodes (no path to an output: dropped by the decomposition,
+    computed by neither side) are not counted."""
+    compared = {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_NODE, R.KIND_OUTPUT)}
+    if prepared.user_ep is None:
+        names = coverable_nodes(prepared.decomposed_ep)
+        hit = [n for n in names if n in compared]
+        return len(hit), len(names), [n for n in names if n not in compared]
+    compared |= {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_INPUT, R.KIND_WEIGHT)}
+    names = coverable_nodes(prepared.user_ep)
+    representative: dict[str, str] = {}
+    for info in prepared.alignment.fx_nodes:
+        if info.op == "call_function" and info.is_tensor and info.origin is not None:
+            representative[info.origin] = info.name  # the last one wins: it holds the value
+    user_nodes = {n.name: n for n in prepared.user_ep.graph.nodes}
+    placeholders = {n.name for n in prepared.user_ep.graph.nodes if n.op == "placeholder"}
+
+    def holder(name: str, depth: int = 0) -> str | None:
+        """The decomposed node holding the user node's value. Decomposition drops no-op nodes
+        (``to`` the same dtype, ``alias``...): their value is their input's."""
+        if name in representative or depth > 50:
+            return representative.get(name)
+        if name in placeholders:
+            return name
+        node = user_nodes.get(name)
+        if node is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        return holder(node.args[0].name, depth + 1)
+
+    live: set[str] = set()
+    stack = [n for n in prepared.user_ep.graph.nodes if n.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node.name not in live:
+            live.add(node.name)
+            stack.extend(node.all_input_nodes)
+    dead = {n for n in names if n not in live}
+    names = [n for n in names if n not in dead]
+    hit = [n for n in names if holder(n) in compared]
+    return len(hit), len(names), [n for n in names if holder(n) not in compared]
