@@ -85,6 +85,18 @@ class Alignment:
     input_pairs: list[tuple[str, str]] = field(default_factory=list)   # (FX placeholder, ONNX input)
     output_pairs: list[tuple[str | None, str]] = field(default_factory=list)  # (FX value or None, ONNX output)
     fx_group: dict[str, list[int]] = field(default_factory=dict)  # FX node -> ONNX node indices
+    aliases: dict[str, list[str]] = field(default_factory=dict)   # ONNX value -> more FX nodes equal to it
+    alias_of: dict[str, str] = field(default_factory=dict)        # FX node -> ONNX value it equals
+
+
+# Ops whose output equals their input when shape and dtype are unchanged: the ONNX optimizer removes
+# them, and the value they hold is their input's ONNX twin.
+_VALUE_PRESERVING = {
+    "aten.clone.default", "aten.alias.default", "aten.detach.default", "aten._to_copy.default",
+    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.expand.default",
+    "aten.contiguous.default", "aten.dropout.default", "aten.lift_fresh_copy.default",
+    "aten.clone", "aten.copy.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default",
+}
 
 
 def is_scalar(val) -> bool:
@@ -268,4 +280,20 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             take(node.name, folded[0], "folded")
         elif len(candidates) == 1:
             take(node.name, candidates[0], "consumer")
+    # 5. no-op nodes the optimizer removed: same value as their input's twin.
+    for node in nodes:
+        if node.op != "call_function" or node.name in al.pairs or str(node.target) not in _VALUE_PRESERVING:
+            continue
+        val = node.meta.get("val")
+        src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        src_val = src.meta.get("val") if src is not None else None
+        if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)):
+            continue
+        if val.dtype != src_val.dtype or tuple(val.shape) != tuple(src_val.shape):
+            continue
+        target = al.pairs[src.name].onnx_value if src.name in al.pairs else al.alias_of.get(src.name)
+        if target is None or target not in index.producer:
+            continue
+        al.alias_of[node.name] = target
+        al.aliases.setdefault(target, []).append(node.name)
     return al

@@ -237,6 +237,10 @@ class _Run:
                         for a in g.anchors:
                             f = p.alignment.onnx_to_fx[a]
                             self.fx_release[f] = max(self.fx_release.get(f, -1), s)
+        for fx_name, v in p.alignment.alias_of.items():
+            s = int(self.segment_of_node[idx.producer[v]])
+            self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
+            self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
         for fx_name, _ in p.alignment.output_pairs:
             if fx_name:
                 self.fx_release[fx_name] = len(self.ranges)  # kept for the output records
@@ -368,7 +372,7 @@ class _Run:
             info = p.alignment.fx_nodes[position]
             pair = p.alignment.pairs.get(node.name)
             if pair is None:
-                if info.is_tensor:
+                if info.is_tensor and node.name not in p.alignment.alias_of:
                     yield self._one_sided_fx(node.name)
             elif pair.onnx_value not in p.index.producer and pair.onnx_value in p.index.initializers:
                 rec = self._record(node.name, pair.onnx_value, R.KIND_NODE, pair.how)
@@ -556,6 +560,21 @@ class _Run:
                             rec.comment = _join(rec.comment, f"cannot reset: {e}")
                     self._check_exc(rec)
                 yield rec
+                yield from self._alias_records(o)
+
+    def _alias_records(self, o: str) -> Iterator[Record]:
+        """FX no-ops removed by the optimizer, compared with the ONNX value they equal."""
+        env = self.runner.env
+        for fx_name in self.p.alignment.aliases.get(o, ()):
+            rec = self._record(fx_name, o, R.KIND_NODE)
+            rec.comment = "no-op removed by the ONNX optimizer: compared with its input's twin"
+            if fx_name not in env or o not in self.onnx_env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "value unavailable")
+            else:
+                rec = self._compare(rec, env[fx_name], self.onnx_env[o])
+                self._check_exc(rec)
+            yield rec
 
     def _free_onnx(self, seg: Segment) -> None:
         outputs = set(self.p.index.outputs)

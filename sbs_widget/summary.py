@@ -22,15 +22,23 @@ class Summary:
     covered: int = 0
     coverable: int = 0
     uncovered: list = field(default_factory=list)
+    folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
     worst: Record | None = None
     first_beyond: Record | None = None
+
+    @property
+    def coverage_of_present(self) -> float | None:
+        """Coverage of the nodes whose value exists in the ONNX graph (not constant-folded)."""
+        denominator = self.coverable - self.folded
+        return self.covered / denominator if denominator > 0 else None
 
     def lines(self) -> list[str]:
         out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
         if self.coverage is not None:
             out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
-                       f"call_function nodes")
+                       f"call_function nodes ({self.covered}); {self.folded} more were constant-folded by the "
+                       f"ONNX optimizer (no ONNX value to compare)")
         if self.worst is not None:
             w = self.worst
             out.append(f"worst pair: {w.ep_name} / {w.onnx_name} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
@@ -71,6 +79,8 @@ def summarize(records: list[Record], prepared=None) -> Summary:
     if prepared is not None:
         s.covered, s.coverable, s.uncovered = coverage(records, prepared)
         s.coverage = s.covered / s.coverable if s.coverable else None
+        folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}
+        s.folded = sum(1 for n in s.uncovered if n in folded_fx or _holder_name(prepared, n) in folded_fx)
     return s
 
 
@@ -116,3 +126,11 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
     names = [n for n in names if n not in dead]
     hit = [n for n in names if holder(n) in compared]
     return len(hit), len(names), [n for n in names if holder(n) not in compared]
+
+
+def _holder_name(prepared, user_node: str) -> str | None:
+    last = None
+    for info in prepared.alignment.fx_nodes:
+        if info.op == "call_function" and info.origin == user_node:
+            last = info.name
+    return last

@@ -1,0 +1,230 @@
+"""The lockstep engine on real exports: alignment, records, options."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+import sbs_widget
+from sbs_widget import faults, records as R
+from sbs_widget.engine import prepare
+from sbs_widget.summary import summarize
+
+from engine_models import exported, node_named
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_correct_export_has_no_false_alarm(optimize):
+    ep, prog, args, kwargs = exported("dummy_llm", optimize)
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
+    s = summarize(records, prepare(ep, prog.model_proto))
+    assert s.by_status.get("mismatch", 0) == 0
+    assert s.by_status.get("error", 0) == 0
+    assert s.n_compared > 30
+    assert s.coverage >= (0.95 if not optimize else 0.8)
+    kinds = {r.kind for r in records}
+    assert kinds == {"input", "weight", "node", "output"}
+    out = [r for r in records if r.kind == "output"]
+    assert len(out) == 1 and out[0].status == "ok" and out[0].err_abs < 1e-4
+
+
+def test_record_fields_and_dataframe():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
+    node = next(r for r in records if r.kind == "node" and r.ep_name == "layer_norm" or
+                r.kind == "node" and r.onnx_op_type == "LayerNormalization")
+    assert node.module == "decoder.norm1"
+    assert node.onnx_op_type == "LayerNormalization" and node.onnx_node_name
+    assert node.ep_shape_type == "T1s2x30x16" and node.onnx_shape_type == "T1s2x30x16"
+    assert node.ep_origin is not None and node.stack_trace
+    assert sum(node.histogram) == node.n_elements == 2 * 30 * 16
+    df = sbs_widget.to_dataframe(records)
+    assert len(df) == len(records)
+    for col in ("ep_id_node", "onnx_id_node", "ep_name", "onnx_name", "ep_target", "onnx_op_type",
+                "onnx_id_output", "ep_shape_type", "onnx_shape_type", "err_abs", "err_rel", "err_dev",
+                "err_nan", "err_h01", "err_h001", "ep_time_run", "onnx_time_run", "comment",
+                "err_local", "status", "module"):
+        assert col in df.columns
+    # execution order: FX ids of compared nodes never go backwards by much
+    ids = [r.ep_id_node for r in records if r.kind == "node" and r.ep_id_node is not None]
+    assert ids == sorted(ids) or sum(a > b for a, b in zip(ids, ids[1:])) <= len(ids) // 10
+
+
+def test_weights_are_compared_and_onnx_runs_with_its_own_weights():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    name = "decoder.feed_forward.fc2.weight"
+    bad = faults.perturb_initializer(prog.model_proto, name, scale=0.5)
+    records = list(sbs_widget.run_aligned(ep, bad, args, kwargs))
+    weight = next(r for r in records if r.kind == "weight" and r.onnx_name == name)
+    assert weight.status == "mismatch" and weight.err_abs > 1e-3
+    assert next(r for r in records if r.kind == "output").status == "mismatch"
+    # nodes before the corrupted layer still agree
+    first_bad = next(r for r in records if r.kind == "node" and r.status == "mismatch")
+    assert "fc2" in (first_bad.module or "") or "fc2" in (first_bad.ep_name or "")
+
+
+def test_onnx_program_and_paths(tmp_path):
+    ep, prog, args, kwargs = exported("dummy_llm", True)
+    via_program = list(sbs_widget.run_aligned(prog, None, args, kwargs))
+    assert via_program and all(r.status != "mismatch" for r in via_program)
+    torch.export.save(ep, tmp_path / "model.pt2")
+    prog.save(str(tmp_path / "model.onnx"))
+    torch.save(args, tmp_path / "inputs.pt")
+    via_paths = list(sbs_widget.run_aligned(tmp_path / "model.pt2", tmp_path / "model.onnx", tmp_path / "inputs.pt"))
+    assert len(via_paths) >= len(via_program) - 2
+    assert all(r.status != "mismatch" for r in via_paths)
+
+
+def test_progress_callback():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    calls = []
+    list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, progress=lambda d, t, n: calls.append((d, t, n))))
+    assert calls and calls[-1][0] == calls[-1][1] == prepare(ep, prog.model_proto).n_fx_nodes
+    assert all(isinstance(n, str) for _, _, n in calls)
+
+
+def _corrupt_add(prog):
+    """Replace the residual Add of the decoder (after attention) by Sub."""
+    model = prog.model_proto
+    target = next(n for n in model.graph.node if n.op_type == "Add" and "add" in n.name and
+                  any(p.key == "pkg.torch.onnx.name_scopes" and "decoder" in p.value for p in n.metadata_props)
+                  and "attention" not in "".join(p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"))
+    return faults.replace_op(model, target.name, "Sub"), target
+
+
+def test_reset_names_replace_the_onnx_value_downstream():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    bad, target = _corrupt_add(prog)
+    value = target.output[0]
+    plain = list(sbs_widget.run_aligned(ep, bad, args, kwargs))
+    assert next(r for r in plain if r.kind == "output").status == "mismatch"
+    reset = list(sbs_widget.run_aligned(ep, bad, args, kwargs, reset_names=[value]))
+    rec = next(r for r in reset if r.onnx_name == value and r.kind == "node")
+    assert rec.status == "reset" and rec.err_abs > 1e-3  # still measured, then replaced
+    assert next(r for r in reset if r.kind == "output").status == "ok"
+    assert not [r for r in reset if r.status == "mismatch"]
+    # FX names work too and the prepared pair is reused
+    rec_fx = next(r for r in sbs_widget.run_aligned(ep, bad, args, kwargs, reset_names=[rec.ep_name])
+                  if r.onnx_name == value and r.kind == "node")
+    assert rec_fx.status == "reset"
+    with pytest.raises(sbs_widget.InputError, match="cannot reset 'no_such_value'"):
+        sbs_widget.run_aligned(ep, bad, args, kwargs, reset_names=["no_such_value"])
+
+
+def test_node_local_separates_creator_from_inheritors():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    bad, target = _corrupt_add(prog)
+    records = list(sbs_widget.run_aligned(ep, bad, args, kwargs, node_local=True))
+    culprit = next(r for r in records if r.onnx_name == target.output[0])
+    assert culprit.err_local is not None and culprit.err_local > 1e-2
+    downstream = [r for r in records if r.kind == "node" and r.status == "mismatch" and r is not culprit
+                  and r.err_local is not None]
+    assert downstream, "errors propagate downstream"
+    assert all(r.err_local < 1e-4 for r in downstream)
+    compared_nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "mismatch")
+                      and r.onnx_id_node is not None and "no-op" not in r.comment]
+    filled = sum(r.err_local is not None for r in compared_nodes)
+    assert filled / len(compared_nodes) >= 0.95
+
+
+def test_node_local_with_weights_and_transposed_weights_on_optimized_export():
+    ep, prog, args, kwargs = exported("dummy_llm", True)
+    init = "decoder.feed_forward.fc1.weight"
+    folded = [i.name for i in prog.model_proto.graph.initializer if i.name == init]
+    model = prog.model_proto
+    if not folded:  # optimized exports may store the transposed weight under a new name
+        fold = [vi.name for vi in model.graph.value_info
+                if any(p.value.find(init) >= 0 for p in vi.metadata_props)]
+        init = fold[0]
+    bad = faults.perturb_initializer(model, init, scale=0.5)
+    records = list(sbs_widget.run_aligned(ep, bad, args, kwargs, node_local=True))
+    consumer = next(r for r in records if r.kind == "node" and r.status == "mismatch")
+    assert consumer.err_local is not None and consumer.err_local > 1e-3
+    assert "fc1" in consumer.module
+
+
+def test_exc_raises_at_first_pair_beyond_tolerance():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    bad, target = _corrupt_add(prog)
+    got = []
+    with pytest.raises(sbs_widget.ToleranceExceeded) as info:
+        for r in sbs_widget.run_aligned(ep, bad, args, kwargs, exc=True):
+            got.append(r)
+    msg = str(info.value)
+    assert target.output[0] in msg and "err_abs" in msg and "T1s2x30x16" in msg
+    assert info.value.record.onnx_name == target.output[0]
+    assert got and all(r.status != "mismatch" for r in got)
+
+
+def test_tolerances_apply_without_verbosity():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, atol=0.0, rtol=0.0))
+    loose = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, atol=1.0, rtol=0.0))
+    assert sum(r.status == "mismatch" for r in strict) > 0  # float rounding differs somewhere
+    assert sum(r.status == "mismatch" for r in loose) == 0
+
+
+def test_reference_runtime_and_custom_runtime():
+    ep, prog, args, kwargs = exported("mlp", False)
+    ref = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, runtime="onnx.reference"))
+    assert ref and not [r for r in ref if r.status in ("mismatch", "error")]
+
+    class Counting:
+        name = "counting"
+
+        def __init__(self):
+            self.inner = sbs_widget.get_runtime("onnxruntime")
+            self.compiled = 0
+
+        def compile(self, model):
+            self.compiled += 1
+            return self.inner.compile(model)
+
+    rt = Counting()
+    assert isinstance(rt, sbs_widget.Runtime)
+    recs = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, runtime=rt))
+    assert rt.compiled >= 1 and not [r for r in recs if r.status in ("mismatch", "error")]
+    with pytest.raises(sbs_widget.InputError, match="unknown runtime"):
+        sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, runtime="tensorrt-nope")
+
+
+def test_no_session_per_node_and_reruns_reuse_sessions():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+
+    class Counting:
+        name = "counting2"
+
+        def __init__(self):
+            self.inner = sbs_widget.get_runtime("onnxruntime")
+            self.compiled = 0
+
+        def compile(self, model):
+            self.compiled += 1
+            return self.inner.compile(model)
+
+    rt = Counting()
+    p = prepare(ep, prog.model_proto)
+    list(p.run(args, kwargs, runtime=rt))
+    first = rt.compiled
+    assert first <= 2, "one session per segment, not per node"
+    list(p.run(args, kwargs, runtime=rt))
+    assert rt.compiled == first, "a rerun compiles nothing"
+
+
+def test_memory_values_are_freed_on_both_sides():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    p = prepare(ep, prog.model_proto)
+    from sbs_widget.engine import _Run
+    from sbs_widget.runtimes import get_runtime
+    from sbs_widget.fx_runner import flat_inputs
+
+    run = _Run(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
+               False, None, False, segment_nodes=10)
+    peak_fx = peak_onnx = 0
+    for _ in run.records():
+        n_fx = sum(1 for k in run.runner.env if not k.startswith(("p_", "b_", "c_")))
+        peak_fx = max(peak_fx, n_fx)
+        peak_onnx = max(peak_onnx, len(run.onnx_env))
+    total = len([n for n in p.fx_nodes if n.op == "call_function"])
+    assert peak_fx < total / 2 and peak_onnx < len(p.index.nodes) / 2
