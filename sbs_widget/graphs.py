@@ -34,6 +34,7 @@ RESET_LINE = "#1f5fbf"
 # Worst first: the status a node shows when its records disagree.
 _SEVERITY = {ERROR: 4, MISMATCH: 3, RESET: 2, OK: 1, ONE_SIDED: 0}
 SPEC_MARKER = "sbs-graph-spec "
+BROADCAST = 6  # a node read by this many others is drawn as stubs (same rule as js/graphs/model.js)
 
 
 def error_color(err: float | None) -> str:
@@ -127,7 +128,9 @@ def _node_style(err: float | None, status: str | None) -> dict[str, str]:
 
 def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphviz.Digraph:
     g = graphviz.Digraph(name=spec.side, comment=comment)
-    g.attr(rankdir="TB", fontname="Helvetica", fontsize="10", nodesep="0.15", ranksep="0.3")
+    # newrank: rank across clusters; without it dot ranks each module on its own and a model-level
+    # mask feeding every layer puts all decoder layers side by side.
+    g.attr(newrank="true", rankdir="TB", fontname="Helvetica", fontsize="10", nodesep="0.15", ranksep="0.3")
     g.attr("node", shape="box", style="filled,rounded", fontname="Helvetica", fontsize="9", height="0.3",
            fillcolor=NOT_COMPARED)
     g.attr("edge", arrowsize="0.5", color="#777777")
@@ -159,7 +162,20 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
 
     emit(-1, "\t")
     ids = [n["id"] for n in spec.nodes]
-    lines.extend(f"\t{quote(ids[a])} -> {quote(ids[b])}" for a, b in spec.edges)
+    readers: dict[int, list[int]] = {}
+    for a, b in dict.fromkeys(spec.edges):
+        readers.setdefault(a, []).append(b)
+    for a, targets in readers.items():
+        if len(targets) < BROADCAST:
+            lines.extend(f"\t{quote(ids[a])} -> {quote(ids[b])}" for b in targets)
+            continue
+        # A value read everywhere (attention mask, rotary tables) gets a stub next to each reader:
+        # long edges into every layer make dot's crossing minimisation several times slower.
+        for k, b in enumerate(targets):
+            stub = f"{ids[a]}~{k}"
+            lines.append(f"\t{quote(stub)} [label={quote(spec.nodes[a]['name'])} shape=cds fillcolor=\"#f0f0f0\" "
+                         "fontsize=7 height=0.2]")
+            lines.append(f"\t{quote(stub)} -> {quote(ids[b])}")
     g.body.extend(line + "\n" for line in lines)
     return g
 

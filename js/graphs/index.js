@@ -112,7 +112,12 @@ export function mountGraphs(ctx) {
     }
     if (seq !== s.renderSeq || state.disposed) return; // a newer view was asked for meanwhile
     const info = s.pane.show(svg);
-    s.pane.annotate((key) => (key[0] === "n" ? s.g.nodes[Number(key.slice(1))].id : `cluster:${s.g.spec.clusters[Number(key.slice(1))].path}`));
+    const idOf = (key) => {
+      if (key[0] === "p") return `proxy:${idOf(s.view.proxies.get(key))}`;
+      const i = Number(key.slice(1));
+      return key[0] === "n" ? s.g.nodes[i].id : `cluster:${s.g.spec.clusters[i].path}`;
+    };
+    s.pane.annotate(idOf);
     applyPaint(side);
     highlight();
     if (centerOn) s.pane.center(keysOf(side, centerOn)) || s.pane.fit(true);
@@ -202,6 +207,7 @@ export function mountGraphs(ctx) {
 
   function onHover(side, key) {
     for (const x of SIDES) sides[x].pane.mark("sbsg-hover", []);
+    if (key?.[0] === "p") key = sides[side].view.proxies.get(key);
     if (!key || key[0] !== "n") return;
     const idx = Number(key.slice(1));
     const other = OTHER[side];
@@ -211,6 +217,7 @@ export function mountGraphs(ctx) {
 
   let echo = null; // the row we selected ourselves: its onSelect must not re-center the graphs
   function onBoxClick(side, key) {
+    if (key[0] === "p") key = sides[side].view.proxies.get(key); // a stub stands for its source
     const idx = Number(key.slice(1));
     if (key[0] === "c") return setCollapsed(side, idx, false);
     state.selected = { side, idx };

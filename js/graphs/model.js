@@ -174,8 +174,10 @@ export function errorPath(g, paint, start, through = 3) {
 const errOf = (p) => (p.err === null ? -1 : Number.isNaN(p.err) ? Infinity : p.err);
 
 /** What is drawn: `repOf[i]` is the DOT id of the box showing node i (`n<i>`, or `c<k>` for its
- * outermost collapsed cluster, or null when filtered out), `dot` the DOT text. */
-export function buildView(g, { collapsed = new Set(), only = null, paint = [], clusterPaint = [], colorFor }) {
+ * outermost collapsed cluster, or null when filtered out), `proxies` stub id -> box (see below), `dot`
+ * the DOT text. `newrank` ranks across clusters: without it dot ranks each module apart and a mask read
+ * by every layer puts all decoder layers side by side. */
+export function buildView(g, { collapsed = new Set(), only = null, paint = [], clusterPaint = [], colorFor, broadcast = 6 }) {
   const clusters = g.spec.clusters;
   const repOf = g.nodes.map((x, i) => {
     if (only && !only.has(i)) return null;
@@ -185,7 +187,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
   const shown = new Set(repOf.filter(Boolean));
   const lines = [
     "digraph G {",
-    'graph [rankdir=TB fontname="Helvetica" fontsize=10 nodesep=0.15 ranksep=0.3 bgcolor="transparent"]',
+    'graph [newrank=true rankdir=TB fontname="Helvetica" fontsize=10 nodesep=0.15 ranksep=0.3 bgcolor="transparent"]',
     'node [shape=box style="filled,rounded" fontname="Helvetica" fontsize=9 height=0.3 fillcolor="#ffffff"]',
     'edge [arrowsize=0.5 color="#777777"]',
   ];
@@ -219,15 +221,31 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
     }
   };
   emit(-1, "");
-  const edges = new Set();
+  const edges = new Map(); // source box -> target boxes
   for (const [a, b] of g.spec.edges) {
     const ra = repOf[a];
     const rb = repOf[b];
-    if (ra && rb && ra !== rb) edges.add(`${ra}->${rb}`);
+    if (ra && rb && ra !== rb) (edges.get(ra) ?? edges.set(ra, new Set()).get(ra)).add(rb);
   }
-  for (const e of edges) lines.push(e);
+  // A value read all over the graph (attention mask, rotary tables) would pull one long edge into every
+  // layer: dot then spends seconds crossing them (6 s instead of 1.5 s on a 16-layer LLaMA). Each reader
+  // gets a small stub named after the source instead; `proxies` maps a stub to the box it stands for.
+  const proxies = new Map();
+  const labelOf = (key) => (key[0] === "c" ? clusterLabel(g, Number(key.slice(1))) : g.nodes[Number(key.slice(1))].name);
+  for (const [ra, targets] of edges) {
+    if (targets.size < broadcast) {
+      for (const rb of targets) lines.push(`${ra}->${rb}`);
+      continue;
+    }
+    for (const rb of targets) {
+      const key = `p${proxies.size}`;
+      proxies.set(key, ra);
+      lines.push(`${key} [label=${quote(labelOf(ra))} shape=cds style=filled fillcolor="#f0f0f0" fontsize=7 height=0.2]`);
+      lines.push(`${key}->${rb}`);
+    }
+  }
   lines.push("}");
-  return { repOf, dot: lines.join("\n") };
+  return { repOf, proxies, dot: lines.join("\n") };
 }
 
 function roots(g) {

@@ -104,6 +104,15 @@ test("collapsed clusters become one box, edges rewired and deduplicated", () => 
   assert.match(open.dot, new RegExp(`n2 \\[label="gelu" fillcolor="${colorFor(0.5, "mismatch")}"`));
 });
 
+test("a value read by many boxes gets one stub per reader instead of long edges", () => {
+  const { proxies, dot } = buildView(fx, { colorFor, broadcast: 2 }); // x feeds linear and add
+  assert.deepEqual([...proxies.values()], ["n0", "n0"]);
+  assert.match(dot, /p0 \[label="x" shape=cds/);
+  assert.match(dot, /p0->n1/);
+  assert.match(dot, /p1->n3/);
+  assert.doesNotMatch(dot, /n0->/);
+});
+
 test("neighbourhood view keeps only the chosen nodes and ignores collapsing", () => {
   const { repOf, dot } = buildView(fx, { collapsed: new Set([0]), only: new Set([1, 2]), colorFor });
   assert.deepEqual(repOf, [null, "n1", "n2", null, null]);

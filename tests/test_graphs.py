@@ -1,0 +1,236 @@
+"""DOT builders: ids shared with records, module clusters, colors, escaping; the offline page and CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import sbs_widget
+from sbs_widget.graphs import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph, quote
+from sbs_widget.graphs_spec import fx_spec, onnx_spec
+from sbs_widget.records import Record
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIL = ['"];evil[', "<img src=x onerror=alert(1)>", "back\\slash\\", "a\nb", "&lt;amp&gt;", "\\N\\G"]
+
+
+@pytest.fixture(scope="module")
+def program():
+    model, inputs = sbs_widget.dummy_llm()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(model, inputs, dynamo=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def ep(program):
+    return program.exported_program
+
+
+@pytest.fixture(scope="module")
+def onx(program):
+    return program.model_proto
+
+
+def records_for(ep, onx, bad=("linear",)):
+    onnx_nodes = {n.name for n in onx.graph.node}
+    out = []
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and f"node_{node.name}" in onnx_nodes:
+            err = 0.5 if node.name in bad else 1e-7
+            out.append(Record(ep_name=node.name, onnx_name=node.name, onnx_node_name=f"node_{node.name}",
+                              err_abs=err, status="mismatch" if err > 1e-4 else "ok"))
+    return out
+
+
+def node_line(source: str, node_id: str) -> str:
+    lines = [line for line in source.splitlines() if line.strip().startswith(quote(node_id) + " [")]
+    assert len(lines) == 1, (node_id, lines)
+    return lines[0]
+
+
+def test_ids_link_fx_and_onnx_by_name(ep, onx):
+    fx, on = fx_spec(ep), onnx_spec(onx)
+    fx_ids = {n["id"] for n in fx.nodes}
+    assert {"fx:input_ids", "fx:linear", "fx:softmax", "fx:output"} <= fx_ids
+    assert not any(i.startswith("fx:p_") for i in fx_ids)  # parameters are not drawn
+    on_by_name = {n["name"]: n for n in on.nodes}
+    assert on_by_name["node_linear"]["links"] == ["linear"]  # pkg.torch.onnx.fx_node
+    assert on_by_name["node_linear"]["outputs"] == ["linear"]
+    assert "onnx-in:input_ids" in {n["id"] for n in on.nodes}
+    # Every ONNX node made from an FX node names one that exists.
+    fx_names = {n["name"] for n in fx.nodes}
+    assert all(link in fx_names for n in on.nodes if n["kind"] == "node" for link in n["links"])
+
+
+def test_both_sides_cluster_by_the_same_module_paths(ep, onx):
+    fx, on = fx_spec(ep), onnx_spec(onx)
+    fx_paths = {c["path"] for c in fx.clusters}
+    assert {"decoder", "decoder.attention", "decoder.attention.q_proj", "lm_head"} <= fx_paths
+    assert {c["path"] for c in on.clusters} <= fx_paths
+    attention = next(i for i, c in enumerate(fx.clusters) if c["path"] == "decoder.attention")
+    assert fx.clusters[attention]["parent"] == next(i for i, c in enumerate(fx.clusters) if c["path"] == "decoder")
+    source = fx_graph(ep).source
+    assert re.search(r'subgraph "cluster_decoder" \{\n\t\tlabel="decoder"[^\n]*\n\t\tsubgraph "cluster_decoder.norm1" \{\n'
+                     r'\t\t\tlabel="norm1"', source)
+    assert 'subgraph "cluster_decoder.attention"' in onnx_graph(onx).source
+
+
+def test_nodes_painted_by_records(ep, onx):
+    records = records_for(ep, onx)
+    records.append(Record(ep_name="arange", status="one-sided"))  # constant-folded in ONNX
+    records.append(Record(ep_name="transpose", onnx_node_name="node_transpose", err_abs=0.0, status="reset"))
+    records.append(Record(ep_name="gelu", onnx_node_name="node_gelu", status="error"))
+    fx = fx_graph(ep, records).source
+    assert f'fillcolor="{error_color(0.5)}"' in node_line(fx, "fx:linear")
+    assert f'fillcolor="{error_color(1e-7)}"' in node_line(fx, "fx:add")
+    assert 'style="filled,dashed"' in node_line(fx, "fx:arange")
+    assert 'peripheries="2"' in node_line(fx, "fx:transpose")
+    assert 'color="#7b3294"' in node_line(fx, "fx:gelu")
+    assert 'fillcolor="#ffffff"' in node_line(fx, "fx:unsqueeze")  # no record: not compared
+    on = onnx_graph(onx, records).source
+    assert f'fillcolor="{error_color(0.5)}"' in node_line(on, "onnx:node_linear")
+    # A cluster's frame takes its worst error: linear sits in decoder.attention.q_proj.
+    q_proj = re.search(r'subgraph "cluster_decoder.attention.q_proj" \{\n\s*label="q_proj"[^\n]*', fx).group(0)
+    assert f'color="{error_color(0.5)}"' in q_proj
+
+
+def test_error_color_is_a_log_scale():
+    assert error_color(None) == "#ffffff"
+    assert error_color(float("nan")) == "#ffffff"
+    assert error_color(1e-9) == error_color(0.0) == error_color(1e-7)  # below the scale: green
+    assert error_color(float("inf")) == error_color(10.0) == error_color(1.0)
+    assert len({error_color(10.0 ** -k) for k in range(8)}) == 8
+
+
+def test_unnamed_and_duplicated_onnx_nodes_get_stable_ids(onx):
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    model.graph.node[0].name = ""
+    model.graph.node[2].name = model.graph.node[1].name
+    ids = [n["id"] for n in onnx_spec(model).nodes]
+    assert len(ids) == len(set(ids))
+    assert "onnx:#0" in ids
+    assert f"onnx:{model.graph.node[1].name}#2" in ids
+    assert ids == [n["id"] for n in onnx_spec(model).nodes]
+
+
+@pytest.fixture(scope="module")
+def evil_models(ep, onx):
+    """The dummy model with hostile node names and module paths on both sides."""
+    import copy
+
+    import onnx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep2 = copy.deepcopy(ep)
+    for k, node in enumerate(n for n in ep2.graph.nodes if n.op == "call_function"):
+        node.name = EVIL[k % len(EVIL)] + str(k)
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            node.meta["nn_module_stack"] = {**stack, "evil": (EVIL[k % len(EVIL)], "X")}
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    for k, node in enumerate(model.graph.node):
+        node.name = EVIL[k % len(EVIL)] + str(k)
+        for p in node.metadata_props:
+            if p.key == "pkg.torch.onnx.name_scopes":
+                p.value = repr(["", EVIL[k % len(EVIL)], "x"])
+    return ep2, model
+
+
+def render(dot: str) -> str:
+    node = shutil.which("node")
+    if not node or not (ROOT / "node_modules" / "@viz-js" / "viz").exists():
+        pytest.skip("node or node_modules/@viz-js/viz missing (npm install)")
+    done = subprocess.run([node, str(ROOT / "js" / "graphs" / "render-dot.mjs")], input=dot.encode(),
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+def test_hostile_names_neither_break_dot_nor_inject_svg(evil_models):
+    from xml.etree import ElementTree
+
+    ep2, model = evil_models
+    for graph, spec in ((fx_graph(ep2), fx_spec(ep2)), (onnx_graph(model), onnx_spec(model))):
+        svg = render(graph.source)
+        root = ElementTree.fromstring(svg)  # well-formed XML
+        ns = "{http://www.w3.org/2000/svg}"
+        titles = [t.text for g in root.iter(f"{ns}g") if g.get("class") == "node" for t in g.findall(f"{ns}title")]
+        assert len(titles) == len(set(titles)) == len(spec.nodes)  # no node split, merged or invented
+        texts = {t.text for t in root.iter(f"{ns}text")}
+        assert any(t and t.startswith("<img src=x onerror=alert(1)>") for t in texts)  # drawn as text
+        assert not [e for e in root.iter() if e.tag.split("}")[-1] in ("img", "script", "foreignObject")]
+        assert not [e for e in root.iter() if any(a.lower().startswith("on") for a in e.attrib)]
+        clusters = {c["path"] for c in spec.clusters}
+        assert '"];evil[' in clusters and "<img src=x onerror=alert(1)>" in clusters
+
+
+def test_dot_sources_carry_the_structure_for_the_browser(ep, onx):
+    fx_dot, onnx_dot = dot_sources((ep, onx), records_for(ep, onx))
+    for dot, side in ((fx_dot, "fx"), (onnx_dot, "onnx")):
+        first, rest = dot.split("\n", 1)
+        assert first.startswith("// " + SPEC_MARKER)
+        spec = json.loads(first[len("// " + SPEC_MARKER):])
+        assert spec["side"] == side and spec["nodes"] and spec["edges"]
+        assert rest.startswith(f"digraph {side} {{")
+    render(fx_dot)  # the header is a comment: any Graphviz still reads the file
+
+
+def test_dot_sources_accepts_prepared(ep, onx):
+    class Prepared:
+        decomposed_ep, onnx_model = ep, onx
+
+    assert dot_sources(Prepared()) == dot_sources((ep, onx))
+
+
+def test_broadcast_values_become_stubs(ep):
+    spec = fx_spec(ep)
+    readers = {}
+    for a, b in spec.edges:
+        readers.setdefault(a, set()).add(b)
+    # The dummy model has no value read 6 times; a synthetic one shows the rule.
+    spec.nodes.append({"id": "fx:mask", "name": "mask", "label": "mask", "op": "x", "kind": "node", "cluster": -1})
+    m = len(spec.nodes) - 1
+    spec.edges.extend((m, b) for b in range(1, 8))
+    from sbs_widget.graphs import _digraph
+
+    source = _digraph(spec, {}).source
+    assert source.count('shape=cds') == 7
+    assert '"fx:mask~0" -> ' in source and '"fx:mask" -> ' not in source
+
+
+def test_html_page_is_self_contained_and_escaped(tmp_path, evil_models):
+    from sbs_widget.graphs_html import write_graphs_html
+
+    if not (ROOT / "sbs_widget" / "static" / "graphs_page.js").exists():
+        pytest.skip("front end not built (npm run build)")
+    ep2, model = evil_models
+    rows = [Record(ep_name=n.name, onnx_name="</script><script>alert(1)</script>", err_abs=float("inf"))
+            for n in list(ep2.graph.nodes)[20:23]]
+    out = write_graphs_html(tmp_path / "g.html", (ep2, model), rows, title="<b>t</b>")
+    text = out.read_text()
+    assert text.count("</script>") == 2  # the data block and the module, nothing from the model
+    assert "<title>&lt;b&gt;t&lt;/b&gt;</title>" in text
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text
+    data = json.loads(re.search(r'id="sbs-graphs-data">(.*?)</script>', text, re.S).group(1))
+    assert data["rows"][0]["onnx_name"].startswith("</script>")
+    assert data["rows"][0]["err_abs"] == 1e308  # JSON has no Infinity
+
+
+def test_cli_registers_graph_command():
+    from sbs_widget.cli import build_parser
+
+    args = build_parser().parse_args(["graph", "--ep", "a.pt2", "--onnx", "b.onnx", "-o", "x.html"])
+    assert args.command == "graph" and args.output == "x.html" and callable(args.func)
