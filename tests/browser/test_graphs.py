@@ -1,21 +1,20 @@
 """The graph views in Debian's Chromium: linking, table selection, cluster collapse/expand.
 
-Runs on the offline page ``python -m sbs_widget graph`` writes (same ``mountGraphs`` as the widget, with a
-plain table standing in for the widget's), opened from a file:// URL: no server needed.
+Most tests use the offline page ``python -m sbs_widget graph`` writes (the same ``mountGraphs`` as the
+widget, a plain table standing in for the widget's), opened from a file:// URL: no server, 1-2 s each.
+One test runs the real widget in JupyterLab (conftest's ``lab``): FX node click -> ONNX twin and table row.
 Run: ``pytest -m browser tests/browser/test_graphs.py -p no:playwright``.
 """
 
 from __future__ import annotations
 
-import shutil
 import warnings
 
 import pytest
 
-pytestmark = pytest.mark.browser
+from conftest import NB, open_notebook, run_all
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +41,9 @@ def page_file(tmp_path_factory):
     return path, records
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    exe = shutil.which("chromium")
-    if not exe:
-        pytest.skip("Debian's chromium is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 @pytest.fixture
-def page(browser, page_file):
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
+def page(chromium, page_file):
+    page = chromium.new_page(viewport={"width": 1400, "height": 900})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(page_file[0].as_uri())
@@ -124,3 +111,37 @@ def test_neighbourhood_mode_shows_k_hops(page):
     assert "fx:linear" not in ids and len(ids) < 10
     onnx_ids = page.eval_on_selector_all(".sbsg-pane:last-child g.node", "gs => gs.map(g => g.dataset.id)")
     assert "onnx:node_softmax" in onnx_ids and len(onnx_ids) < 12
+
+
+WIDGET_CELL = """
+import onnx, torch, sbs_widget
+from onnx import numpy_helper
+model, inputs = sbs_widget.dummy_llm()
+program = torch.onnx.export(model, inputs, dynamo=True, verbose=False)
+proto = onnx.ModelProto(); proto.CopyFrom(program.model_proto)
+for init in proto.graph.initializer:  # fc1's bias altered in the ONNX file: linear_4 diverges
+    if init.name == "decoder.feed_forward.fc1.bias":
+        v = numpy_helper.to_array(init).copy(); v[3] += 0.05
+        init.CopyFrom(numpy_helper.from_array(v, init.name))
+w = sbs_widget.SbsWidget(program.exported_program, proto, inputs, title="graphs")
+w
+"""
+
+
+def test_widget_graphs_link_to_the_table(lab, lab_page):
+    page = lab_page
+    open_notebook(page, lab, lab.write_notebook("graphs.ipynb", [WIDGET_CELL]))
+    run_all(page)
+    root = f"{NB} .jp-OutputArea .sbs-root"
+    page.wait_for_selector(root, timeout=120_000)
+    page.wait_for_function(f"document.querySelector('{root} .sbs-badge')?.textContent === 'done'", timeout=120_000)
+    page.click(f"{root} .sbs-graphs-box > summary")
+    page.wait_for_function(f"document.querySelectorAll('{root} .sbsg-pane[data-renders]').length == 2",
+                           timeout=60_000)
+    fx_node = f'{root} g.node[data-id="fx:linear_4"]'
+    # Painted by the run: the altered bias makes linear_4 a mismatch.
+    assert page.get_attribute(fx_node, "data-status") == "mismatch"
+    page.click(fx_node)
+    assert "sbsg-sel" in page.get_attribute(f'{root} g.node[data-id="onnx:node_linear_4"]', "class")
+    selected = page.locator(f"{root} .sbs-row.sbs-selected")
+    assert selected.count() == 1 and "linear_4" in selected.text_content()
