@@ -234,3 +234,34 @@ def test_cli_registers_graph_command():
 
     args = build_parser().parse_args(["graph", "--ep", "a.pt2", "--onnx", "b.onnx", "-o", "x.html"])
     assert args.command == "graph" and args.output == "x.html" and callable(args.func)
+
+
+def test_cli_writes_a_painted_page(tmp_path, program, capsys):
+    pytest.importorskip("sbs_widget.engine")
+    if not (ROOT / "sbs_widget" / "static" / "graphs_page.js").exists():
+        pytest.skip("front end not built (npm run build)")
+    import onnx
+    from onnx import numpy_helper
+
+    from sbs_widget.cli import main
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(program.model_proto)
+    for init in proto.graph.initializer:  # fc1's bias altered: linear_4 and everything after diverge
+        if init.name == "decoder.feed_forward.fc1.bias":
+            v = numpy_helper.to_array(init).copy()
+            v[3] += 0.05
+            init.CopyFrom(numpy_helper.from_array(v, init.name))
+    onnx.save(proto, tmp_path / "m.onnx")
+    torch.export.save(program.exported_program, tmp_path / "m.pt2")
+    _, inputs = sbs_widget.dummy_llm()
+    torch.save(inputs, tmp_path / "inputs.pt")
+    out = tmp_path / "graphs.html"
+    assert main(["graph", "--ep", str(tmp_path / "m.pt2"), "--onnx", str(tmp_path / "m.onnx"),
+                 "--inputs", str(tmp_path / "inputs.pt"), "-o", str(out)]) == 0
+    assert "not ok" in capsys.readouterr().out
+    data = json.loads(re.search(r'id="sbs-graphs-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    status = {r["ep_name"]: r["status"] for r in data["rows"] if r["ep_name"]}
+    assert status["linear_4"] == "mismatch" and status["linear_3"] == "ok"
+    assert f'fillcolor="{error_color(max(r["err_abs"] for r in data["rows"] if r["ep_name"] == "linear_4"))}"' \
+        in node_line(data["fx_dot"], "fx:linear_4")
