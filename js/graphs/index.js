@@ -175,9 +175,14 @@ export function mountGraphs(ctx) {
     s.pane.paint(byKey, (c) => (s.clusterPaint[c] ? { fill: colorFor(s.clusterPaint[c].err, s.clusterPaint[c].status) } : null));
   }
 
+  // Hover asks for rows on every pointer move: keep the lookup until the rows change.
+  let rowMap = null;
+  const rowById = () => (rowMap ??= new Map(ctx.getRows().map((r, k) => [r.i ?? k, r])));
+
   // Rows stream in: repaint at most once per frame, never re-layout.
   let repaintQueued = false;
   const unRows = ctx.onRows?.(() => {
+    rowMap = null;
     if (repaintQueued) return;
     repaintQueued = true;
     requestAnimationFrame(() => {
@@ -188,7 +193,6 @@ export function mountGraphs(ctx) {
     });
   });
 
-  const rowById = () => new Map(ctx.getRows().map((r, k) => [r.i ?? k, r]));
 
   function linked(side, idx) {
     const s = sides[side];
