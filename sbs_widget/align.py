@@ -218,7 +218,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
 
     # Outputs, by position of the flattened outputs.
     out_node = next(n for n in reversed(nodes) if n.op == "output")
-    flat_out = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
+    flat_out = [v for v in torch.utils._pytree.tree_leaves(out_node.args[0]) if v is not None]  # None outputs are dropped by the exporter
     for pos, onnx_name in enumerate(index.outputs):
         fx_val = flat_out[pos] if pos < len(flat_out) else None
         fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None

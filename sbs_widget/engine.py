@@ -66,8 +66,9 @@ def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex)
 
 
 def _fx_outputs(program: torch.export.ExportedProgram) -> list:
+    """Flattened outputs, without the None ones: the exporter drops them."""
     out = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    return list(torch.utils._pytree.tree_leaves(out.args[0]))
+    return [v for v in torch.utils._pytree.tree_leaves(out.args[0]) if v is not None]
 
 
 @dataclass

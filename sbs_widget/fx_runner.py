@@ -25,7 +25,7 @@ def flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict
     """Values for the graph's placeholders, in order: parameters, buffers, constants, user inputs."""
     try:
         return list(program._graph_module_flat_inputs(args, kwargs))
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, RuntimeError) as e:
         names = list(program.graph_signature.user_inputs)
         raise InputError(
             f"inputs do not match the exported program's signature ({e}); it expects "

@@ -1,0 +1,208 @@
+"""Bad input gets a clear error or a clearly marked record; nothing already computed is lost."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import sbs_widget
+from sbs_widget import faults
+
+from engine_models import export_module, exported
+
+
+def test_ep_and_onnx_from_different_models():
+    ep, _, args, kwargs = exported("dummy_llm", False)
+    _, other, _, _ = exported("mlp", False)
+    with pytest.raises(sbs_widget.ModelMismatchError, match="not exported from this program|outputs"):
+        sbs_widget.run_aligned(ep, other.model_proto, args, kwargs)
+
+
+def test_output_count_disagrees():
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, x * 2
+
+    class One(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    x = torch.randn(2, 3)
+    ep, _ = export_module(Two(), (x,))
+    _, prog = export_module(One(), (x,))
+    with pytest.raises(sbs_widget.ModelMismatchError, match="2 outputs and the ONNX model 1"):
+        sbs_widget.run_aligned(ep, prog.model_proto, (x,))
+
+
+def test_wrong_inputs():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    onx = prog.model_proto
+    with pytest.raises(sbs_widget.InputError, match="user inputs"):
+        sbs_widget.run_aligned(ep, onx, (args[0], args[0]))
+    with pytest.raises(sbs_widget.InputError, match="dtype torch.int32"):
+        sbs_widget.run_aligned(ep, onx, (args[0].to(torch.int32),))
+    with pytest.raises(sbs_widget.InputError, match="shape"):
+        sbs_widget.run_aligned(ep, onx, (args[0][:, :5],))
+    with pytest.raises(sbs_widget.InputError, match="to be a tensor"):
+        sbs_widget.run_aligned(ep, onx, (np.zeros((2, 30), dtype=np.int64),))
+
+
+def test_corrupt_and_truncated_files(tmp_path):
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    prog.save(str(tmp_path / "m.onnx"))
+    data = (tmp_path / "m.onnx").read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 3])
+    with pytest.raises(sbs_widget.LoadError, match="truncated"):
+        sbs_widget.run_aligned(ep, tmp_path / "cut.onnx", args)
+    torch.export.save(ep, tmp_path / "m.pt2")
+    pt2 = (tmp_path / "m.pt2").read_bytes()
+    (tmp_path / "cut.pt2").write_bytes(pt2[: len(pt2) // 2])
+    with pytest.raises(sbs_widget.LoadError, match="cannot load ExportedProgram"):
+        sbs_widget.run_aligned(tmp_path / "cut.pt2", tmp_path / "m.onnx", args)
+    with pytest.raises(sbs_widget.LoadError, match="not found"):
+        sbs_widget.run_aligned(tmp_path / "missing.pt2", tmp_path / "m.onnx", args)
+
+    class Evil:  # a pickle that would run code if loaded without weights_only
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    torch.save({"x": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(sbs_widget.LoadError, match="weights_only"):
+        sbs_widget.run_aligned(ep, tmp_path / "m.onnx", tmp_path / "evil.pt")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_op_the_runtime_cannot_run_marks_its_record_and_the_run_continues():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    model = prog.model_proto
+    target = next(n for n in model.graph.node if n.op_type == "Gelu")
+    bad = faults.replace_op(model, target.name, "Gelu")
+    for node in bad.graph.node:
+        if node.name == target.name:
+            node.domain = "sbs.test.unknown"
+    bad.opset_import.append(helper.make_opsetid("sbs.test.unknown", 1))
+    records = list(sbs_widget.run_aligned(ep, bad, args, kwargs))
+    rec = next(r for r in records if r.onnx_name == target.output[0])
+    assert rec.status == "error" and "Gelu" in rec.comment and "torch value" in rec.comment
+    after = records[records.index(rec) + 1:]
+    assert any(r.status == "ok" and r.kind == "node" for r in after), "downstream continues from torch values"
+    assert next(r for r in records if r.kind == "output").status == "ok"
+
+
+def test_nan_and_inf_are_counted_not_raised():
+    class Nan(torch.nn.Module):
+        def forward(self, x):
+            y = torch.log(x)           # NaN for negative inputs, -inf at 0, on both sides
+            return torch.nan_to_num(y, nan=0.0, neginf=-1.0) + y * 0 + x
+
+    x = torch.tensor([[-1.0, 0.0, 1.0, 2.0]])
+    ep, prog = export_module(Nan(), (x,))
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x,)))
+    log = next(r for r in records if r.onnx_op_type == "Log")
+    assert log.status == "ok" and log.err_nan == 0  # same NaN/-inf pattern on both sides
+    # now make ONNX produce NaN where torch does not
+    model = prog.model_proto
+    add = next(n for n in model.graph.node if n.op_type == "Add")
+    nan_const = helper.make_tensor("sbs_nan", onnx.TensorProto.FLOAT, [], [float("nan")])
+    bad = onnx.ModelProto()
+    bad.CopyFrom(model)
+    bad.graph.initializer.append(nan_const)
+    for n in bad.graph.node:
+        if n.name == add.name:
+            n.input[1] = "sbs_nan"
+    records = list(sbs_widget.run_aligned(ep, bad, (x,)))
+    rec = next(r for r in records if r.onnx_name == add.output[0])
+    assert rec.status == "mismatch" and rec.err_nan == 2  # torch is already NaN at the other two
+
+
+def test_int_bool_symint_none_outputs():
+    class Outs(torch.nn.Module):
+        def forward(self, x, n):
+            return (x * 2).to(torch.int64), x.shape[0], None, n > 0, x.sum()
+
+    x, n = torch.randn(4, 3), torch.tensor([1, -2, 3])
+    ep, prog = export_module(Outs(), (x, n), dynamic_shapes=({0: torch.export.Dim("b")}, None))
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x, n)))
+    outs = [r for r in records if r.kind == "output"]
+    assert len(outs) == 4 and all(r.status == "ok" for r in outs)
+    assert outs[0].ep_shape_type.startswith("T7") and outs[2].ep_shape_type.startswith("T9")
+    # other shapes than at export time (dynamic dimension)
+    x2 = torch.randn(7, 3)
+    outs2 = [r for r in sbs_widget.run_aligned(ep, prog.model_proto, (x2, n)) if r.kind == "output"]
+    assert all(r.status == "ok" for r in outs2)
+
+
+def test_if_node_compared_at_its_outputs():
+    class Cond(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t.sin() + 1, lambda t: t.cos() - 1, (x,)) * 2
+
+    x = torch.randn(3, 4)
+    ep, prog = export_module(Cond(), (x,))
+    assert any(n.op_type == "If" for n in prog.model_proto.graph.node)
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x,)))
+    assert any(r.onnx_op_type == "If" and r.status == "ok" for r in records)
+    assert next(r for r in records if r.kind == "output").status == "ok"
+
+
+def test_onnx_local_functions():
+    """A node moved into a model-local function still runs and is compared at its output."""
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    model = onnx.ModelProto()
+    model.CopyFrom(prog.model_proto)
+    gelu = next(n for n in model.graph.node if n.op_type == "Gelu")
+    body = helper.make_node("Gelu", ["x"], ["y"], approximate="none")
+    fn = helper.make_function("sbs.local", "MyGelu", ["x"], ["y"], [body],
+                              [helper.make_opsetid("", 20)])
+    model.functions.append(fn)
+    model.opset_import.append(helper.make_opsetid("sbs.local", 1))
+    gelu.op_type, gelu.domain = "MyGelu", "sbs.local"
+    del gelu.attribute[:]
+    records = list(sbs_widget.run_aligned(ep, model, args, kwargs, node_local=True))
+    rec = next(r for r in records if r.onnx_name == gelu.output[0])
+    assert rec.onnx_op_type == "MyGelu" and rec.status == "ok" and rec.err_local is not None
+    assert not [r for r in records if r.status in ("mismatch", "error")]
+
+
+def test_external_data(tmp_path):
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    prog.save(str(tmp_path / "m.onnx"), external_data=True)
+    assert any(p.name.endswith(".data") for p in tmp_path.iterdir())
+    records = list(sbs_widget.run_aligned(ep, tmp_path / "m.onnx", args))
+    assert not [r for r in records if r.status in ("mismatch", "error")]
+    assert any(r.kind == "weight" and r.status == "ok" for r in records)
+
+
+@pytest.mark.slow
+def test_model_over_2gb_with_external_data(tmp_path):
+    """Weights above protobuf's 2 GB limit: segments feed them as inputs and never serialize them."""
+
+    class Big(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(4_200_000, 128)  # 2.15 GB of float32
+            self.head = torch.nn.Linear(128, 8)
+
+        def forward(self, ids):
+            return self.head(self.table(ids))
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = Big().eval()
+    ids = torch.tensor([[0, 4_199_999, 1234567]])
+    ep, prog = export_module(model, (ids,))
+    path = tmp_path / "big.onnx"
+    prog.save(str(path), external_data=True)
+    del prog
+    size = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert size > 2**31
+    records = list(sbs_widget.run_aligned(ep, path, (ids,)))
+    assert next(r for r in records if r.kind == "output").status == "ok"
+    table = next(r for r in records if r.kind == "weight" and r.onnx_name == "table.weight")
+    assert table.status == "ok" and table.n_elements == 4_200_000 * 128
+    assert np.isfinite(table.err_abs)
