@@ -16,7 +16,7 @@ export function createStaticModel({ state, runs }) {
     off(event, cb) { handlers.get(event)?.delete(cb); },
     send(msg) {
       if (!msg || msg.type !== "get_rows") return;
-      const rows = (runs[msg.run] || []).slice(msg.start);
+      const rows = (runs[msg.run] || []).slice(msg.start, msg.start + (msg.limit || Infinity));
       const buffer = encoder.encode(JSON.stringify(rows));
       setTimeout(() => emit("msg:custom", { type: "rows", run: msg.run, start: msg.start, reply: true }, [buffer]), 0);
     },

@@ -94,7 +94,10 @@ export function createTable(opts) {
     while (pool.length < last - first) pool.push(makeRow());
     for (let p = 0; p < pool.length; p++) {
       if (first + p < last) paint(pool[p], first + p);
-      else pool[p].style.display = "none";
+      else {
+        pool[p].style.display = "none";
+        delete pool[p].dataset.k; // a hidden row must not answer for a record
+      }
     }
     for (const cell of head.children) {
       if (cell.dataset.key === sort.key) cell.dataset.sort = sort.dir > 0 ? "▲" : "▼";

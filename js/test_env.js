@@ -26,7 +26,7 @@ export function fakeModel(state, runs = {}) {
     off(e, cb) { handlers.get(e)?.delete(cb); },
     send(msg) {
       sent.push(msg);
-      if (msg.type === "get_rows" && runs[msg.run]) model.reply(msg.run, msg.start, runs[msg.run].slice(msg.start), true);
+      if (msg.type === "get_rows" && runs[msg.run]) model.reply(msg.run, msg.start, runs[msg.run].slice(msg.start, msg.start + msg.limit), true);
     },
     /** what the kernel's _publish / _send_page do */
     reply(run, start, rows, reply = false) {

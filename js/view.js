@@ -14,6 +14,8 @@ import { createResetPanel } from "./reset.js";
 import { toCSV } from "./csv.js";
 
 const REQUEST_RETRY_MS = 5000; // a get_rows unanswered this long (kernel restarted) is asked again
+const FIRST_PAGE = 1000; // a small first page paints the table fast; the rest follows in big pages
+const PAGE = 25000;
 
 export function createView({ model, el, mountGraphs }) {
   const t0 = performance.now();
@@ -58,7 +60,7 @@ export function createView({ model, el, mountGraphs }) {
     const now = Date.now();
     if (st.pendingSince && now - st.pendingSince < REQUEST_RETRY_MS) return;
     st.pendingSince = now;
-    model.send({ type: "get_rows", run: id, start: st.rows.length });
+    model.send({ type: "get_rows", run: id, start: st.rows.length, limit: st.rows.length ? PAGE : FIRST_PAGE });
   }
   on("msg:custom", (msg, buffers) => {
     if (!msg || msg.type !== "rows" || !buffers || !buffers.length) return;

@@ -20,7 +20,7 @@ const header = (el, key) => el.querySelector(`.sbs-head > div[data-key="${key}"]
 
 test("asks the model for its rows on render and shows them", async () => {
   const { model, el, dispose } = mount(5);
-  assert.deepEqual(model.sent[0], { type: "get_rows", run: 0, start: 0 });
+  assert.deepEqual(model.sent[0], { type: "get_rows", run: 0, start: 0, limit: 1000 });
   await tick();
   assert.equal(shownRows(el).length, 5);
   assert.equal(el.querySelector(".sbs-root").dataset.rows, "5");
@@ -153,7 +153,7 @@ test("streamed batches: pushes append, a gap triggers a request for the missing 
   assert.equal(model.sent.length, 0, "rows arrived before the progress that counts them");
   model.reply(0, 6, all.slice(6, 8)); // a view opened mid-run misses 4..5
   model.set("progress", { ...state.progress, n_rows: 8 });
-  assert.deepEqual(model.sent.at(-1), { type: "get_rows", run: 0, start: 4 });
+  assert.deepEqual(model.sent.at(-1), { type: "get_rows", run: 0, start: 4, limit: 25000 });
   model.reply(0, 4, all.slice(4, 8), true);
   await tick();
   assert.equal(el.querySelector(".sbs-root").dataset.rows, "8");

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import pathlib
 import threading
+import warnings
 
 import anywidget
 import traitlets
 
+from .errors import SbsWidgetWarning
 from .records import to_dataframe
 from .widget_rows import ROW_COLUMNS, compare_runs, encode_rows
 from .widget_run import DONE, FAILED, RUNNING, STOPPED, Run, Runner
 
 _STATIC = pathlib.Path(__file__).parent / "static"
-PAGE_ROWS = 20_000  # rows per get_rows answer: a 50,000-row run arrives in three messages
+PAGE_ROWS = 25_000  # most rows per get_rows answer (about 5 MB): a 50,000-row run arrives in a few messages
 
 
 def _names_to_json(value, widget):
@@ -96,6 +98,7 @@ class SbsWidget(anywidget.AnyWidget):
             run.add(r)
         run.status = DONE
         w._runs.append(run)
+        w.run_id = run.id
         w._publish(run, final=True)
         return w
 
@@ -182,7 +185,10 @@ class SbsWidget(anywidget.AnyWidget):
             from .graphs import dot_sources
         except ImportError:  # the graphs feature is not part of this build
             return
-        self.fx_dot, self.onnx_dot = dot_sources(prepared, records=None)
+        try:
+            self.fx_dot, self.onnx_dot = dot_sources(prepared, records=None)
+        except Exception as e:  # a graph that cannot be drawn must not cost the comparison
+            warnings.warn(f"graphs unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
 
     def _start_run(self, progress):
         run = self._runner.run
@@ -255,16 +261,17 @@ class SbsWidget(anywidget.AnyWidget):
     def _on_msg(self, widget, content, buffers) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "get_rows":
-            self._send_page(int(content.get("run", -1)), int(content.get("start", 0)))
+            limit = max(1, min(int(content.get("limit", PAGE_ROWS)), PAGE_ROWS))
+            self._send_page(int(content.get("run", -1)), int(content.get("start", 0)), limit)
         elif kind == "rerun" and self._ep is not None:
             self.rerun()
         elif kind == "stop":
             self.stop()
 
-    def _send_page(self, run_id: int, start: int) -> None:
+    def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
         if not 0 <= run_id < len(self._runs):
             return
         records = self._runs[run_id].records
-        stop = min(len(records), start + PAGE_ROWS)
+        stop = min(len(records), start + limit)
         self.send({"type": "rows", "run": run_id, "start": start, "reply": True},
                   [encode_rows(records[start:stop])])

@@ -234,6 +234,7 @@ def test_from_records_and_html_report(tmp_path, llm):
     assert w.save_html(tmp_path / "w.html").stat().st_size > 100_000
     v = SbsWidget.from_records(recs)
     assert v.status == "done" and len(v.records) == len(recs)
+    assert v.run_id == 0 and v.progress["run"] == 0 and v.progress["n_rows"] == len(recs)
     with pytest.raises(RuntimeError):
         v.rerun()
 
