@@ -29,7 +29,7 @@ ${e.size[a]} node${e.size[a]===1?"":"s"}`;S(n[a].parent,`${d} [label=${q(g)} sha
 .sbsg-pane { border: 1px solid #ccc; border-radius: 4px; min-width: 0; display: flex; flex-direction: column; }
 .sbsg-pane-head { padding: 2px 6px; background: #f4f4f4; border-bottom: 1px solid #ddd; font-weight: 600; }
 .sbsg-viewport { position: relative; overflow: hidden; height: 520px; resize: vertical; cursor: grab;
-  touch-action: none; background: #fff; }
+  touch-action: none; user-select: none; background: #fff; }
 .sbsg-viewport:active { cursor: grabbing; }
 .sbsg-stage { position: absolute; left: 0; top: 0; transform-origin: 0 0; will-change: transform; }
 .sbsg-stage.sbsg-glide { transition: transform 0.35s ease-out; }

@@ -145,3 +145,13 @@ def test_widget_graphs_link_to_the_table(lab, lab_page):
     assert "sbsg-sel" in page.get_attribute(f'{root} g.node[data-id="onnx:node_linear_4"]', "class")
     selected = page.locator(f"{root} .sbs-row.sbs-selected")
     assert selected.count() == 1 and "linear_4" in selected.text_content()
+
+
+def test_narrow_screens_stack_the_graphs(page):
+    boxes = lambda: [page.query_selector(f".sbsg-pane:nth-child({k})").bounding_box() for k in (1, 2)]  # noqa: E731
+    fx, onnx = boxes()
+    assert abs(fx["y"] - onnx["y"]) < 1 and onnx["x"] > fx["x"] + fx["width"] - 1  # side by side
+    page.set_viewport_size({"width": 700, "height": 900})
+    page.wait_for_timeout(100)
+    fx, onnx = boxes()
+    assert onnx["y"] >= fx["y"] + fx["height"] - 1 and abs(onnx["x"] - fx["x"]) < 1  # stacked
