@@ -86,11 +86,6 @@ def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str,
     return out[0], out[1]
 
 
-def paint_by_id(spec: GraphSpec, records: Iterable[Record] | None) -> dict[str, tuple[float | None, str]]:
-    """``{node id: (worst err_abs, worst status)}`` for the nodes some record names."""
-    return _paint(spec, records)
-
-
 def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
     if not records:
         return {}

@@ -33,6 +33,7 @@ class GraphSpec:
     nodes: list[dict] = field(default_factory=list)
     edges: list[tuple[int, int]] = field(default_factory=list)
     clusters: list[dict] = field(default_factory=list)
+    _cluster_index: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def to_json(self) -> dict:
         return {"side": self.side, "nodes": self.nodes, "edges": [list(e) for e in self.edges],
@@ -49,9 +50,6 @@ class GraphSpec:
                 self._cluster_index[path] = index
             parent = index
         return index
-
-    def __post_init__(self):
-        self._cluster_index: dict[str, int] = {}
 
 
 def fx_spec(ep) -> GraphSpec:
