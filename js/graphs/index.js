@@ -21,6 +21,7 @@ const BIG_CLUSTER = 150; // expanding a cluster bigger than this keeps its sub-m
 export function mountGraphs(ctx) {
   const colorFor = ctx.colorFor || defaultColorFor;
   const t0 = performance.now();
+  performance.mark("sbsg:mount");
   const root = el("div", "sbsg");
   root.append(el("style", null, CSS));
   const bar = el("div", "sbsg-bar");
