@@ -213,11 +213,16 @@ export function mountGraphs(ctx) {
   function onHover(side, key) {
     for (const x of SIDES) sides[x].pane.mark("sbsg-hover", []);
     if (key?.[0] === "p") key = sides[side].view.proxies.get(key);
-    if (!key || key[0] !== "n") return;
-    const idx = Number(key.slice(1));
+    const s = sides[side];
     const other = OTHER[side];
-    sides[side].pane.mark("sbsg-hover", [key]);
-    if (sides[other].view) sides[other].pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx) }));
+    const o = sides[other];
+    if (!key || !o.view) return;
+    s.pane.mark("sbsg-hover", [key]);
+    const idx = Number(key.slice(1));
+    if (key[0] === "n") return o.pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx) }));
+    // A module box: the same module on the other side, as a box or as its drawn contents.
+    const k = o.g.spec.clusters.findIndex((c) => c.path === s.g.spec.clusters[idx].path);
+    if (k >= 0) o.pane.mark("sbsg-hover", keysOf(other, { cluster: k }));
   }
 
   let echo = null; // the row we selected ourselves: its onSelect must not re-center the graphs

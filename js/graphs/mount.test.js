@@ -99,6 +99,16 @@ test("paints live, links both ways, selects the table row", async () => {
   box(f.el, "onnx:node_MatMul").dispatchEvent(new dom.window.MouseEvent("pointerover", { bubbles: true }));
   assert.ok(box(f.el, "fx:linear").classList.contains("sbsg-hover"));
 
+  // Hovering a closed module marks the same module on the other side.
+  box(f.el, "fx:linear").dispatchEvent(new dom.window.MouseEvent("pointerover", { bubbles: true }));
+  const title = [...f.el.querySelectorAll(".sbsg-pane:first-child g.cluster > text")].find((t) => t.textContent === "block");
+  for (const type of ["pointerdown", "pointerup"])
+    title.dispatchEvent(new dom.window.MouseEvent(type, { bubbles: true, button: 0, clientX: 5, clientY: 5 }));
+  await until(() => box(f.el, "cluster:block") && f.el.querySelectorAll('g.node[data-id="cluster:block"]').length === 2);
+  f.el.querySelector('.sbsg-pane:first-child g.node[data-id="cluster:block"]')
+    .dispatchEvent(new dom.window.MouseEvent("pointerover", { bubbles: true }));
+  assert.ok(f.el.querySelector('.sbsg-pane:last-child g.node[data-id="cluster:block"]').classList.contains("sbsg-hover"));
+
   dispose();
   assert.equal(f.el.querySelector(".sbsg"), null);
 });
