@@ -17,12 +17,13 @@ export function renderCompare(el, cmp, runsMeta) {
   if (el.hidden) return;
   const worst = (w) => (w ? `${fmtErr(toNumber(w.err_abs))} (${w.name})` : "–");
   const resetNames = (runsMeta[cmp.after] || {}).reset_names || [];
-  el.append(
+  const parts = [
     h("span", { class: "sbs-title", text: `Run #${cmp.after} vs #${cmp.before}` }),
     h("span", { class: "sbs-muted", text: resetNames.length ? ` · reset ${resetNames.length}` : " · no reset" }),
     h("span", { class: "sbs-mono", text: ` · worst ${worst(cmp.worst_before)} → ${worst(cmp.worst_after)}` }),
     h("span", { text: cmp.n_moved_in || cmp.n_moved_out ? "" : " · no record crossed the tolerance" }),
     nameList("moved into tolerance", cmp.moved_in || [], cmp.n_moved_in || 0),
     nameList("moved out of tolerance", cmp.moved_out || [], cmp.n_moved_out || 0),
-  );
+  ];
+  el.append(...parts.filter(Boolean));
 }

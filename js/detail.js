@@ -27,7 +27,7 @@ function histogram(counts, atol) {
     const height = n ? 8 + 92 * (Math.log10(n + 1) / Math.log10(max + 1)) : 0;
     const bar = h("div", { class: "sbs-hist-bar", style: { height: `${height}%`, background: colorFor(hi === undefined ? lo * 10 : hi, "ok", atol) } });
     bars.append(h("div", { title: `${range}: ${fmtInt(n)} elements` }, bar));
-    labels.append(h("div", { text: b === 0 ? "0" : lo.toExponential(0).replace("e", "") }));
+    labels.append(h("div", { text: b === 0 ? "0" : lo.toExponential(0).replace("e+", "e") }));
   });
   return h("div", {}, bars, labels);
 }
@@ -44,20 +44,22 @@ export function renderDetail(container, row, ctx) {
     h("div", { class: "sbs-bar" },
       h("span", { class: "sbs-badge", "data-status": row.status, text: row.status }),
       h("span", { class: "sbs-muted", text: `#${row.i} · ${row.kind} · ${verdict}` })),
-    h("h4", { text: "torch.export (FX)" }),
-    kv([["name", row.ep_name], ["target", row.ep_target], ["shape", row.ep_shape_type], ["origin", row.ep_origin],
-      ["time", fmtSeconds(row.ep_time_run)]]),
-    h("h4", { text: "ONNX" }),
-    kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
-      ["time", fmtSeconds(row.onnx_time_run)]]),
     h("h4", { text: "errors" }),
     kv([["err_abs", fmtErr(row.err_abs)], ["err_rel", fmtErr(row.err_rel)], ["err_dev", fmtErr(row.err_dev)],
       ["err_local", fmtErr(row.err_local)], ["err_nan", row.err_nan], ["> 0.1", fmtInt(row.err_h01)],
       ["> 0.01", fmtInt(row.err_h001)], ["elements", fmtInt(row.n_elements)]]),
   );
   if (Array.isArray(row.histogram) && row.histogram.length) {
-    container.append(h("h4", { text: "|diff| histogram (log10 edges)" }), histogram(row.histogram, ctx.atol));
+    container.append(h("h4", { text: "|diff| histogram" }), histogram(row.histogram, ctx.atol));
   }
+  container.append(
+    h("h4", { text: "torch.export (FX)" }),
+    kv([["name", row.ep_name], ["target", row.ep_target], ["shape", row.ep_shape_type], ["origin", row.ep_origin],
+      ["time", fmtSeconds(row.ep_time_run)]]),
+    h("h4", { text: "ONNX" }),
+    kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
+      ["time", fmtSeconds(row.onnx_time_run)]]),
+  );
   if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: row.module }));
   if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: row.stack_trace }));
   if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: row.comment }));

@@ -13,7 +13,7 @@ export function createResetPanel({ getNames, setNames, onRerun, live }) {
   input.addEventListener("keydown", (ev) => { if (ev.key === "Enter") add(); });
   const addBtn = h("button", { text: "Add", onclick: add });
   const clearBtn = h("button", { text: "Clear", onclick: () => setNames([]) });
-  const rerun = h("button", { class: "sbs-primary sbs-rerun", text: "Rerun with reset", onclick: () => onRerun() });
+  const rerun = h("button", { class: "sbs-primary sbs-rerun", text: "Rerun with this reset set", onclick: () => onRerun() });
   const el = h("div", { class: "sbs-reset" }, h("span", { class: "sbs-muted", text: "Reset set:" }), chips);
   if (live) el.append(input, addBtn, clearBtn, rerun);
   return {

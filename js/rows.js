@@ -132,3 +132,34 @@ export function toNumber(v) {
   if (v === null || v === undefined) return null;
   return typeof v === "number" ? v : Number(v);
 }
+
+/** Full-table orders kept per (column, direction) while the rows do not change: a filter or a
+ *  direction already seen re-sorts in one linear pass over a cached order instead of a sort. */
+export class SortCache {
+  constructor() {
+    this.rows = null;
+    this.n = -1;
+    this.orders = new Map();
+  }
+  sort(index, rows, key, dir = 1) {
+    if (!key) return index;
+    if (rows !== this.rows || rows.length !== this.n) {
+      this.rows = rows;
+      this.n = rows.length;
+      this.orders.clear();
+    }
+    const id = `${key}\u0000${dir}`;
+    let order = this.orders.get(id);
+    if (!order) {
+      order = sortIndex(Uint32Array.from(rows.keys()), rows, key, dir);
+      this.orders.set(id, order);
+    }
+    if (index.length === rows.length) return order.slice();
+    const keep = new Uint8Array(rows.length);
+    for (const k of index) keep[k] = 1;
+    const out = new Uint32Array(index.length);
+    let n = 0;
+    for (const k of order) if (keep[k]) out[n++] = k;
+    return out;
+  }
+}

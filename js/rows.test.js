@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { RunRows, decodeRows, filterIndex, isWithin, sortIndex } from "./rows.js";
+import { RunRows, SortCache, decodeRows, filterIndex, isWithin, sortIndex } from "./rows.js";
 import { toCSV } from "./csv.js";
 import { colorFor, fmtErr } from "./format.js";
 
@@ -92,4 +92,21 @@ test("sorting and filtering 50,000 rows stays well under 200 ms", () => {
   console.log(`50,000 rows (node): filter ${filterMs.toFixed(1)} ms, sort err_abs ${sortMs.toFixed(1)} ms, sort name ${sortNameMs.toFixed(1)} ms`);
   assert.ok(idx.length > 10000);
   assert.ok(filterMs < 200 && sortMs < 200 && sortNameMs < 200);
+});
+
+test("SortCache gives the same order as sortIndex, filtered or not, and reuses it", () => {
+  const rows = Array.from({ length: 2000 }, (_, k) => ({ err_abs: k % 7 === 0 ? null : ((k * 7919) % 101) * 1e-6, ep_name: `n${k % 13}` }));
+  const cache = new SortCache();
+  const all = Uint32Array.from(rows.keys());
+  const some = Uint32Array.from([...rows.keys()].filter((k) => k % 3 === 0));
+  for (const key of ["err_abs", "ep_name"]) {
+    for (const dir of [1, -1]) {
+      assert.deepEqual([...cache.sort(all, rows, key, dir)], [...sortIndex(all.slice(), rows, key, dir)]);
+      assert.deepEqual([...cache.sort(some, rows, key, dir)], [...sortIndex(some.slice(), rows, key, dir)]);
+    }
+  }
+  assert.equal(cache.orders.size, 4);
+  rows.push({ err_abs: 1, ep_name: "z" }); // new rows (streaming) drop the cached orders
+  assert.equal(cache.sort(Uint32Array.from(rows.keys()), rows, "err_abs", -1)[0], 2000);
+  assert.equal(cache.orders.size, 1);
 });

@@ -43,7 +43,7 @@ export const CSS = `
 .sbs-badge[data-status=running], .sbs-badge[data-status=preparing] { border-color: var(--sbs-accent); color: var(--sbs-accent); }
 .sbs-badge[data-status=done] { border-color: hsl(140, 45%, 40%); color: hsl(140, 45%, 40%); }
 .sbs-badge[data-status=error], .sbs-badge[data-status=stopped] { border-color: hsl(0, 70%, 50%); color: hsl(0, 70%, 50%); }
-.sbs-meter { width: 140px; height: 6px; border-radius: 3px; background: var(--sbs-bg2); overflow: hidden;
+.sbs-meter { width: 96px; height: 6px; border-radius: 3px; background: var(--sbs-bg2); overflow: hidden;
   border: 1px solid var(--sbs-border); }
 .sbs-meter > div { height: 100%; background: var(--sbs-accent); width: 0; transition: width 120ms linear; }
 .sbs-chip { display: inline-flex; align-items: center; gap: 3px; padding: 0 6px; border-radius: 3px;
@@ -58,23 +58,24 @@ export const CSS = `
 .sbs-main { display: flex; gap: 6px; min-height: 0; align-items: stretch; }
 .sbs-table { flex: 1 1 auto; min-width: 0; border: 1px solid var(--sbs-border); border-radius: 3px; }
 .sbs-scroll { height: ${VIEW_HEIGHT + ROW_HEIGHT + 2}px; overflow: auto; position: relative; outline: none; }
-.sbs-grid { display: grid; grid-template-columns: var(--sbs-cols); min-width: 900px; }
+.sbs-grid { display: grid; grid-template-columns: var(--sbs-cols); min-width: 780px; }
 .sbs-head { position: sticky; top: 0; z-index: 2; background: var(--sbs-bg2); border-bottom: 1px solid var(--sbs-border);
   height: ${ROW_HEIGHT + 2}px; }
-.sbs-head > div { padding: 3px 6px; font-weight: 600; cursor: pointer; user-select: none; white-space: nowrap;
+.sbs-head > div { padding: 3px 5px; font-weight: 600; cursor: pointer; user-select: none; white-space: nowrap;
   overflow: hidden; text-overflow: ellipsis; }
-.sbs-head > div[data-sort]::after { content: attr(data-sort); margin-left: 3px; color: var(--sbs-accent); }
-.sbs-body { position: relative; min-width: 900px; }
+.sbs-head > div[data-sort]::before { content: attr(data-sort); margin-right: 2px; color: var(--sbs-accent); font-size: 9px; }
+.sbs-body { position: relative; min-width: 780px; }
 .sbs-row { position: absolute; left: 0; right: 0; height: ${ROW_HEIGHT}px; cursor: pointer;
   border-bottom: 1px solid color-mix(in srgb, var(--sbs-border) 50%, transparent); }
 .sbs-row:hover { outline: 1px solid var(--sbs-border); outline-offset: -1px; }
 .sbs-row.sbs-selected { outline: 2px solid var(--sbs-accent); outline-offset: -2px; }
-.sbs-row > div { padding: 0 6px; line-height: ${ROW_HEIGHT}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.sbs-row > div { padding: 0 5px; line-height: ${ROW_HEIGHT}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .sbs-row > div.sbs-num, .sbs-head > div.sbs-num { text-align: right; }
 .sbs-row input { margin: 0; vertical-align: middle; }
+.sbs-row > div.sbs-tick { padding: 0; text-align: center; text-overflow: clip; }
 .sbs-empty { padding: 16px; color: var(--sbs-fg2); text-align: center; }
 .sbs-foot { padding: 2px 6px; border-top: 1px solid var(--sbs-border); color: var(--sbs-fg2); display: flex; gap: 12px; }
-.sbs-detail { flex: 0 0 300px; border: 1px solid var(--sbs-border); border-radius: 3px; padding: 6px 8px;
+.sbs-detail { flex: 0 0 240px; border: 1px solid var(--sbs-border); border-radius: 3px; padding: 6px 8px;
   overflow: auto; max-height: ${VIEW_HEIGHT + ROW_HEIGHT + 26}px; }
 .sbs-detail h4 { margin: 6px 0 2px; font-size: 11px; text-transform: uppercase; letter-spacing: 0.04em; color: var(--sbs-fg2); }
 .sbs-kv { display: grid; grid-template-columns: max-content 1fr; gap: 1px 8px; }

@@ -8,18 +8,18 @@ import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
 const OVERSCAN = 6;
 
 export const COLUMNS = [
-  { key: "_tick", label: "", width: "26px", title: "tick to add the row's name to the reset set" },
-  { key: "i", label: "#", width: "50px", num: true, title: "execution order" },
-  { key: "status", label: "status", width: "76px" },
+  { key: "_tick", label: "", width: "24px", title: "tick to add the row's name to the reset set" },
+  { key: "i", label: "#", width: "44px", num: true, title: "execution order" },
+  { key: "status", label: "status", width: "72px" },
   { key: "kind", label: "kind", width: "54px" },
-  { key: "ep_name", label: "FX name", width: "minmax(110px, 1.2fr)" },
-  { key: "onnx_name", label: "ONNX name", width: "minmax(110px, 1.2fr)" },
-  { key: "onnx_op_type", label: "op", width: "minmax(60px, 0.5fr)" },
-  { key: "ep_shape_type", label: "shape", width: "minmax(80px, 0.7fr)" },
-  { key: "err_abs", label: "err_abs", width: "74px", num: true, err: true },
-  { key: "err_rel", label: "err_rel", width: "74px", num: true, err: true },
-  { key: "err_local", label: "err_local", width: "74px", num: true, err: true },
-  { key: "module", label: "module", width: "minmax(90px, 1fr)" },
+  { key: "ep_name", label: "FX name", width: "minmax(96px, 1.4fr)" },
+  { key: "onnx_name", label: "ONNX name", width: "minmax(96px, 1.4fr)" },
+  { key: "onnx_op_type", label: "op", width: "minmax(52px, 0.6fr)" },
+  { key: "ep_shape_type", label: "shape", width: "minmax(64px, 0.7fr)" },
+  { key: "err_abs", label: "err_abs", width: "70px", num: true, err: true },
+  { key: "err_rel", label: "err_rel", width: "70px", num: true, err: true },
+  { key: "err_local", label: "err_local", width: "70px", num: true, err: true, title: "error of the node run on torch inputs (node_local=True)" },
+  { key: "module", label: "module", width: "minmax(70px, 1fr)" },
 ];
 
 function cellText(col, row) {
@@ -53,7 +53,7 @@ export function createTable(opts) {
 
   function makeRow() {
     const tick = h("input", { type: "checkbox", tabindex: "-1", "aria-label": "reset" });
-    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", {}, tick) : h("div", { class: col.num ? "sbs-num" : "" })));
+    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", { class: "sbs-tick" }, tick) : h("div", { class: col.num ? "sbs-num" : "" })));
     const rowEl = h("div", { class: "sbs-row sbs-grid", role: "row" }, cells);
     rowEl._cells = cells;
     rowEl._tick = tick;

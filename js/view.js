@@ -5,7 +5,7 @@
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
 import { colorFor, fmtInt } from "./format.js";
-import { RunRows, decodeRows, filterIndex, isNumeric, isWithin, sortIndex, toNumber } from "./rows.js";
+import { RunRows, SortCache, decodeRows, filterIndex, isNumeric, isWithin } from "./rows.js";
 import { createTable } from "./table.js";
 import { renderDetail } from "./detail.js";
 import { createProgress } from "./progress.js";
@@ -30,6 +30,7 @@ export function createView({ model, el, mountGraphs }) {
   let index = new Uint32Array(0);
   let selected = -1;
   let firstRowMs = null;
+  const sorter = new SortCache();
   const rowListeners = new Set();
   const selectListeners = new Set();
 
@@ -114,14 +115,15 @@ export function createView({ model, el, mountGraphs }) {
 
   const root = h("div", { class: "sbs-root" },
     h("style", { text: CSS }),
-    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), live ? [stopBtn, rerunBtn] : null),
-    h("div", { class: "sbs-bar" }, ...prog.counts),
+    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [stopBtn, rerunBtn] : null),
+    h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
     prog.message,
     h("div", { class: "sbs-bar" },
       search, h("label", {}, beyond, "only beyond tolerance"), statusSel,
       h("label", {}, colSel, minIn, "–", maxIn),
       h("span", { class: "sbs-spacer-flex" }),
-      h("label", {}, "atol", atolIn), h("label", {}, "rtol", rtolIn), runSel, copyBtn, dlBtn),
+      h("label", { title: "re-colors and re-judges without rerunning; the next run uses them" }, "atol", atolIn),
+      h("label", {}, "rtol", rtolIn)),
     compareEl,
     h("div", { class: "sbs-main" }, table.el, detail),
     reset.el,
@@ -135,7 +137,7 @@ export function createView({ model, el, mountGraphs }) {
     const a = performance.now();
     const idx = filterIndex(rows, filter, tolerances());
     const b = performance.now();
-    index = sortIndex(idx, rows, sort.key, sort.dir);
+    index = sorter.sort(idx, rows, sort.key, sort.dir);
     const c = performance.now();
     table.set(rows, index, sort);
     const d = performance.now();
@@ -216,7 +218,7 @@ export function createView({ model, el, mountGraphs }) {
     if (latest >= 0) ids.add(latest);
     runSel.replaceChildren(...[...ids].sort((a, b) => a - b).map((id) => {
       const m = meta()[id];
-      const label = `run #${id}${m && m.reset_names.length ? ` (reset ${m.reset_names.length})` : ""}${id === latest ? " latest" : ""}`;
+      const label = `run #${id}${m && m.reset_names.length ? ` · reset ${m.reset_names.length}` : ""}`;
       return h("option", { value: String(id), text: label, selected: id === shown });
     }));
     runSel.hidden = ids.size < 2;

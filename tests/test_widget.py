@@ -249,3 +249,23 @@ def test_inputs_from_a_saved_file(tmp_path, llm):
 
 def test_exported_from_the_package():
     assert sbs_widget.SbsWidget is SbsWidget
+
+
+def test_demo_notebook_runs(tmp_path, monkeypatch):
+    """notebooks/demo.ipynb end to end in a real kernel (nbclient), writing its CSV and HTML report."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", str(repo))  # the kernel imports this checkout
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")
+    nb = nbformat.read(repo / "notebooks" / "demo.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                        for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "reset: linear_4" in outputs
+    assert "'n_moved_in': 5" in outputs
+    assert (tmp_path / "demo_run0.csv").stat().st_size > 1000
+    assert (tmp_path / "demo_report.html").stat().st_size > 100_000

@@ -43,6 +43,9 @@ class Lab:
         stem = pathlib.Path(notebook).stem
         return f"{self.base}/lab/workspaces/ws-{stem}/tree/{notebook}?reset&token={self.token}"
 
+    def notebook7_url(self, notebook: str) -> str:
+        return f"{self.base}/notebooks/{notebook}?token={self.token}"
+
     def write_notebook(self, name: str, cells: list[str]) -> str:
         import nbformat
 
@@ -74,7 +77,8 @@ def lab(tmp_path_factory):
     port, token = _free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--IdentityProvider.token={token}",
            f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-           "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True"]
+           "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
+           "--JupyterNotebookApp.expose_app_in_browser=True"]  # Notebook 7, when installed
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(base / "lab.log", "wb")
@@ -137,13 +141,14 @@ def lab_page(request, chromium):
     context.close()
 
 
-def open_notebook(page, lab: Lab, name: str) -> None:
+def open_notebook(page, lab: Lab, name: str, notebook7: bool = False) -> None:
     """Open a notebook and wait until its kernel really accepts work (the flaky-start fix)."""
-    page.goto(lab.url(name))
+    page.goto(lab.notebook7_url(name) if notebook7 else lab.url(name))
     page.wait_for_selector(".jp-Notebook", timeout=60_000)
-    page.wait_for_function(
-        "() => document.querySelector('.jp-StatusBar-Widget, #jp-main-statusbar')?.textContent.includes('| Idle')",
-        timeout=90_000)
+    if not notebook7:  # Notebook 7 has no status bar; its debugger button says the same
+        page.wait_for_function(
+            "() => document.querySelector('.jp-StatusBar-Widget, #jp-main-statusbar')?.textContent.includes('| Idle')",
+            timeout=90_000)
     page.wait_for_selector(".jp-DebuggerBugButton[aria-disabled='false']", timeout=90_000)
 
 

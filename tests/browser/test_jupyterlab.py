@@ -125,6 +125,12 @@ def test_live_run_sort_tick_rerun_reload(lab, lab_page):
     assert state["moved_in"] >= 3
     assert abs(errs[0] - state["worst0"]) / state["worst0"] < 0.01
 
+    # CSV of the rows on screen, as a download
+    with page.expect_download() as download:
+        view.locator("button", has_text="Download CSV").click()
+    lines = pathlib.Path(download.value.path()).read_text().splitlines()
+    assert len(lines) == state["n"] + 1 and lines[0].startswith("i,ep_id_node,onnx_id_node,ep_name")
+
     # screenshot: worst row selected, detail and histogram shown, the compare line on top
     view.locator(".sbs-head > div[data-key='err_abs']").click()  # back to the default order
     view.locator(".sbs-head > div[data-key='err_abs']").click()
@@ -133,6 +139,11 @@ def test_live_run_sort_tick_rerun_reload(lab, lab_page):
     assert view.locator(".sbs-detail .sbs-hist-bar").count() == 10
     SCREENSHOT.parent.mkdir(exist_ok=True)
     view.screenshot(path=str(SCREENSHOT))
+    # the same view in JupyterLab's dark theme (colors come from its CSS variables)
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    time.sleep(0.5)
+    view.screenshot(path=str(SCREENSHOT.with_name("widget-dark.png")))
 
     # state survives a page reload: views come back from the model alone
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -274,3 +285,42 @@ def test_hostile_names_and_offline_report(lab, lab_page):
     assert all(u.startswith(("file:", "blob:", "data:")) for u in requests), requests
     other.close()
     assert not dialogs
+
+
+SMALL = """
+import torch, sbs_widget
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x)) * 2
+x = torch.randn(3, 8)
+program = torch.onnx.export(Small(), (x,), dynamo=True, verbose=False)
+w = sbs_widget.SbsWidget(program, None, (x,), title="small model in Notebook 7")
+w
+"""
+
+
+def test_notebook7(lab, lab_page):
+    pytest.importorskip("notebook", minversion="7")
+    page = lab_page
+    name = lab.write_notebook("nb7.ipynb", [SMALL])
+    open_notebook(page, lab, name, notebook7=True)
+    run_all(page)
+    view = page.locator(f"{ROOT}").first
+    page.wait_for_selector(f"{ROOT} .sbs-row", timeout=120_000)
+    before = len(page.console_lines)  # Notebook 7 logs a startup error of its own ("reading 'schema'")
+    page.wait_for_function("root => root.querySelector('.sbs-badge').textContent === 'done'", arg=view.element_handle(),
+                           timeout=60_000)
+    n = int(view.get_attribute("data-rows"))
+    assert n > 3
+    view.locator(".sbs-head > div[data-key='err_abs']").click()
+    view.locator(".sbs-row").first.click()
+    assert view.locator(".sbs-detail").text_content().count("err_abs") == 1
+    view.locator(".sbs-bar button", has_text="Rerun").first.click()
+    page.wait_for_function("root => root.querySelectorAll('select[aria-label=run] option').length === 2 && "
+                           "root.querySelector('.sbs-badge').textContent === 'done'", arg=view.element_handle(), timeout=60_000)
+    page.wait_for_function(f"root => root.dataset.rows === '{n}'", arg=view.element_handle(), timeout=10_000)
+    errors = [line for line in page.console_lines[before:] if line.startswith("pageerror")]
+    assert not errors, errors
