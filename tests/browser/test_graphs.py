@@ -8,6 +8,7 @@ Run: ``pytest -m browser tests/browser/test_graphs.py -p no:playwright``.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -145,6 +146,9 @@ def test_widget_graphs_link_to_the_table(lab, lab_page):
     assert "sbsg-sel" in page.get_attribute(f'{root} g.node[data-id="onnx:node_linear_4"]', "class")
     selected = page.locator(f"{root} .sbs-row.sbs-selected")
     assert selected.count() == 1 and "linear_4" in selected.text_content()
+    if os.environ.get("SBS_GRAPHS_SCREENSHOT"):  # a look at the graphs inside JupyterLab
+        page.wait_for_timeout(500)
+        page.screenshot(path=os.environ["SBS_GRAPHS_SCREENSHOT"], full_page=True)
 
 
 def test_narrow_screens_stack_the_graphs(page):
