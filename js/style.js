@@ -86,7 +86,7 @@ export const CSS = `
 .sbs-hist > div { flex: 1; display: flex; flex-direction: column; justify-content: flex-end; align-items: center; height: 100%; }
 .sbs-hist-bar { width: 100%; min-height: 1px; border-radius: 2px 2px 0 0; }
 .sbs-hist-labels { display: flex; gap: 2px; font-family: var(--sbs-mono); font-size: 9px; color: var(--sbs-fg2); }
-.sbs-hist-labels > div { flex: 1; text-align: center; overflow: hidden; }
+.sbs-hist-labels > div { flex: 1; text-align: center; white-space: nowrap; font-size: 8px; letter-spacing: -0.02em; }
 .sbs-reset { display: flex; flex-wrap: wrap; align-items: center; gap: 4px 8px; }
 .sbs-reset input[type=text] { width: 220px; font-family: var(--sbs-mono); }
 .sbs-graphs-box > summary { cursor: pointer; color: var(--sbs-fg2); }

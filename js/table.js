@@ -148,7 +148,6 @@ export function createTable(opts) {
       }
       render();
     },
-    get rowCount() { return body.querySelectorAll(".sbs-row:not([style*='display: none'])").length; },
     destroy() { if (frame) cancelAnimationFrame(frame); },
   };
 }

@@ -1,11 +1,12 @@
 // The whole view of one SbsWidget: toolbar + progress, filters, the table and its detail, the reset
-// panel, the graphs area. One instance per displayed output; all durable state is in the model, rows
-// are asked for (get_rows) until the view holds as many as the model says exist.
+// panel, the graphs area. One instance per displayed output; all durable state is in the model and
+// the rows come through js/sync.js.
 
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
 import { colorFor, fmtInt } from "./format.js";
-import { RunRows, SortCache, decodeRows, filterIndex, isNumeric, isWithin } from "./rows.js";
+import { SortCache, filterIndex, isNumeric, isWithin } from "./rows.js";
+import { createRowSync } from "./sync.js";
 import { createTable } from "./table.js";
 import { renderDetail } from "./detail.js";
 import { createProgress } from "./progress.js";
@@ -13,9 +14,6 @@ import { renderCompare } from "./compare.js";
 import { createResetPanel } from "./reset.js";
 import { toCSV } from "./csv.js";
 
-const REQUEST_RETRY_MS = 5000; // a get_rows unanswered this long (kernel restarted) is asked again
-const FIRST_PAGE = 1000; // a small first page paints the table fast; the rest follows in big pages
-const PAGE = 25000;
 
 export function createView({ model, el, mountGraphs }) {
   const t0 = performance.now();
@@ -23,7 +21,6 @@ export function createView({ model, el, mountGraphs }) {
   const disposers = [];
   const on = (event, fn) => { model.on(event, fn); disposers.push(() => model.off(event, fn)); };
 
-  const runs = new Map(); // run id -> RunRows
   let shown = model.get("run_id");
   let filter = { text: "", beyond: false, status: "", col: "err_abs", min: "", max: "" };
   let sort = { key: null, dir: 1 };
@@ -34,8 +31,7 @@ export function createView({ model, el, mountGraphs }) {
   const rowListeners = new Set();
   const selectListeners = new Set();
 
-  const runOf = (id) => { if (!runs.has(id)) runs.set(id, new RunRows()); return runs.get(id); };
-  const rowsShown = () => (runs.get(shown) || { rows: [] }).rows;
+  const rowsShown = () => sync.rows(shown);
   const meta = () => model.get("runs_meta") || [];
   const progress = () => model.get("progress") || {};
   const running = () => ["preparing", "running"].includes(model.get("status"));
@@ -48,30 +44,9 @@ export function createView({ model, el, mountGraphs }) {
   const nameOf = (row) => row.ep_name || row.onnx_name || "";
   const colorOfRow = (row) => colorFor(row.err_abs, row.status, model.get("atol"));
 
-  // --- rows from the kernel ------------------------------------------------------------------
-  function expected(id) {
-    const p = progress();
-    if (id === p.run) return p.n_rows || 0;
-    return (meta()[id] || {}).n_records || 0;
-  }
-  function request(id) {
-    if (id === undefined || id === null || id < 0) return;
-    const st = runOf(id);
-    if (st.rows.length >= expected(id)) return;
-    const now = Date.now();
-    if (st.pendingSince && now - st.pendingSince < REQUEST_RETRY_MS) return;
-    st.pendingSince = now;
-    model.send({ type: "get_rows", run: id, start: st.rows.length, limit: st.rows.length ? PAGE : FIRST_PAGE });
-  }
-  on("msg:custom", (msg, buffers) => {
-    if (!msg || msg.type !== "rows" || !buffers || !buffers.length) return;
-    const st = runOf(msg.run);
-    if (msg.reply) st.pendingSince = 0;
-    if (msg.start <= st.rows.length && st.add(msg.start, decodeRows(buffers[0], model.get("columns"), msg.start))) {
-      if (msg.run === shown) scheduleRefresh();
-    }
-    request(msg.run);
-  });
+  const sync = createRowSync(model, (id) => { if (id === shown) scheduleRefresh(); });
+  disposers.push(sync.dispose);
+  const request = sync.request;
 
   // --- layout ----------------------------------------------------------------------------------
   const prog = createProgress({ onWorst: () => { const i = progress().worst_i; if (i !== null && i !== undefined && progress().run === shown) select(i, true); } });
@@ -175,7 +150,6 @@ export function createView({ model, el, mountGraphs }) {
     const name = nameOf(row);
     if (!name) return;
     const names = resetNames();
-    reset.update(running());
     model.set("reset_names", names.includes(name) ? names.filter((n) => n !== name) : [...names, name]);
     model.save_changes();
   }
@@ -252,7 +226,7 @@ export function createView({ model, el, mountGraphs }) {
 
   function updateStatus() {
     const p = progress();
-    prog.update(model.get("status"), p.run === shown || shown === undefined ? p : { ...p }, model.get("message"));
+    prog.update(model.get("status"), p, model.get("message"));
     stopBtn.disabled = !running();
     rerunBtn.disabled = running();
     reset.update(running());

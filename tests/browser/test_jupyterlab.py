@@ -145,6 +145,10 @@ def test_live_run_sort_tick_rerun_reload(lab, lab_page):
     time.sleep(0.5)
     view.screenshot(path=str(SCREENSHOT.with_name("widget-dark.png")))
 
+    # the graphs area (issue 5) mounts on first open, from the model's DOT, linked to the table
+    view.locator(".sbs-graphs-box > summary").click()
+    page.wait_for_selector(f"{ROOT} .sbs-graphs-host svg", timeout=60_000)
+
     # state survives a page reload: views come back from the model alone
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     time.sleep(1.0)
