@@ -159,3 +159,21 @@ test("streamed batches: pushes append, a gap triggers a request for the missing 
   assert.equal(el.querySelector(".sbs-root").dataset.rows, "8");
   dispose();
 });
+
+test("Stop is enabled while a run streams and asks the kernel to stop; the view follows the status", async () => {
+  const state = baseState(0);
+  state.status = "running";
+  state.progress = { ...state.progress, n_rows: 0, fx_done: 3, fx_total: 10, eta: 2.5, current: "linear_1", finished: false };
+  const model = fakeModel(state, {});
+  const el = document.createElement("div");
+  const dispose = createView({ model, el, mountGraphs: null });
+  const stop = [...el.querySelectorAll("button")].find((b) => b.textContent === "Stop");
+  assert.equal(stop.disabled, false);
+  assert.ok(el.textContent.includes("FX 3/10") && el.textContent.includes("left") && el.textContent.includes("linear_1"));
+  stop.click();
+  assert.deepEqual(model.sent.at(-1), { type: "stop" });
+  model.set("status", "stopped");
+  assert.equal(stop.disabled, true);
+  assert.equal(el.querySelector(".sbs-badge").textContent, "stopped");
+  dispose();
+});
