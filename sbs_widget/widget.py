@@ -190,10 +190,9 @@ class SbsWidget(anywidget.AnyWidget):
         except Exception as e:  # a graph that cannot be drawn must not cost the comparison
             warnings.warn(f"graphs unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
 
-    def _start_run(self, progress):
-        run = self._runner.run
+    def _start_run(self, run: Run, progress):
         prepared = self._prepare()
-        if self.status == "preparing":
+        if run is self._runs[-1] and self.status == "preparing":
             self.status = RUNNING
         run.fx_total = getattr(prepared, "n_fx_nodes", 0)
         extra = {} if self._runtime is None else {"runtime": self._runtime}

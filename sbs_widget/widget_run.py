@@ -84,8 +84,8 @@ class Run:
 class Runner:
     """Consumes ``start()``'s record iterator in a daemon thread; ``stop()`` ends it at the next record."""
 
-    def __init__(self, run: Run, start: Callable[[Callable], object], report: Callable[[Run, bool], None]):
-        # start(progress) -> iterator of Record; progress(done, total, name) is the engine's callback.
+    def __init__(self, run: Run, start: Callable[[Run, Callable], object], report: Callable[[Run, bool], None]):
+        # start(run, progress) -> iterator of Record; progress(done, total, name) is the engine's callback.
         self.run = run
         self._start = start
         self._report = report
@@ -123,7 +123,7 @@ class Runner:
         run = self.run
         it = None
         try:
-            it = self._start(self._progress)
+            it = self._start(run, self._progress)
             for record in it:
                 run.add(record)
                 if self._stop.is_set():
