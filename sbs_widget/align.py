@@ -84,6 +84,7 @@ class Alignment:
     weights: list[WeightPair] = field(default_factory=list)
     input_pairs: list[tuple[str, str]] = field(default_factory=list)   # (FX placeholder, ONNX input)
     output_pairs: list[tuple[str | None, str]] = field(default_factory=list)  # (FX value or None, ONNX output)
+    tensor_inputs: list[str] = field(default_factory=list)  # user-input placeholders the ONNX model has
     fx_group: dict[str, list[int]] = field(default_factory=dict)  # FX node -> ONNX node indices
     aliases: dict[str, list[str]] = field(default_factory=dict)   # ONNX value -> more FX nodes equal to it
     alias_of: dict[str, str] = field(default_factory=dict)        # FX node -> ONNX value it equals
@@ -187,8 +188,12 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
 
     # Inputs, by position of the flattened (args, kwargs).
     sig = program.graph_signature
-    user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in set(sig.user_inputs)]
-    user_inputs.sort(key=lambda n: list(sig.user_inputs).index(n.name))
+    order = list(sig.user_inputs)
+    user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in order]
+    user_inputs.sort(key=lambda n: order.index(n.name))
+    # Constant (non-tensor) inputs such as use_cache=False are baked into the ONNX graph.
+    user_inputs = [n for n in user_inputs if isinstance(n.meta.get("val"), torch.Tensor) or is_scalar(n.meta.get("val"))]
+    al.tensor_inputs = [n.name for n in user_inputs]
     for fx_node, onnx_name in zip(user_inputs, index.inputs):
         al.input_pairs.append((fx_node.name, onnx_name))
         if isinstance(fx_node.meta.get("val"), torch.Tensor):

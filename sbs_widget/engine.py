@@ -86,11 +86,11 @@ class Prepared:
     and compiled sessions. Build it once (``prepare``), ``run`` it many times."""
 
     def __init__(self, decomposed: torch.export.ExportedProgram, model: onnx.ModelProto,
-                 user_ep: torch.export.ExportedProgram | None = None):
+                 user_ep: torch.export.ExportedProgram | None = None, index: OnnxIndex | None = None):
         self.decomposed_ep = decomposed
         self.user_ep = user_ep
         self.onnx_model = model
-        self.index = OnnxIndex.build(model)
+        self.index = index if index is not None else OnnxIndex.build(model)
         self.alignment: Alignment = align(decomposed, self.index, id(user_ep.graph) if user_ep else None)
         graph = decomposed.graph
         self.fx_nodes = list(graph.nodes)
@@ -181,18 +181,16 @@ class Prepared:
         args, kwargs = load_inputs(args, kwargs)
         flat = flat_inputs(self.decomposed_ep, args, kwargs)
         check_inputs(self.decomposed_ep, flat)
-        user_tensors = [v for v in flat[len(flat) - len(self.decomposed_ep.graph_signature.user_inputs):]]
+        user_tensors = flat[len(flat) - len(self.decomposed_ep.graph_signature.user_inputs):]
         cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in user_tensors)
         if cuda:
             device = next(v.device for v in user_tensors if isinstance(v, torch.Tensor) and v.is_cuda)
             flat = [v.to(device) if isinstance(v, torch.Tensor) else v for v in flat]
-        n_tensor_inputs = len(self.alignment.input_pairs)
-        if len(self.index.inputs) != len([p for p in self.alignment.input_pairs]) or \
-                len(self.index.inputs) != len(self.decomposed_ep.graph_signature.user_inputs):
+        tensor_inputs = self.alignment.tensor_inputs
+        if len(self.index.inputs) != len(tensor_inputs):
             raise ModelMismatchError(
                 f"the ONNX model has {len(self.index.inputs)} inputs {self.index.inputs} but the program "
-                f"{len(self.decomposed_ep.graph_signature.user_inputs)} user inputs "
-                f"{list(self.decomposed_ep.graph_signature.user_inputs)} ({n_tensor_inputs} mapped)"
+                f"{len(tensor_inputs)} tensor inputs {tensor_inputs}: they do not come from the same export"
             )
         rt = get_runtime(runtime, cuda=cuda)
         reset = self.resolve_names(reset_names)
@@ -246,6 +244,9 @@ class _Run:
             if fx_name:
                 self.fx_release[fx_name] = len(self.ranges)  # kept for the output records
         self.current_segment = -1
+        self.release_at: list[list[str]] = [[] for _ in range(len(self.ranges) + 1)]
+        for name, s in self.fx_release.items():
+            self.release_at[min(s, len(self.ranges))].append(name)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _onnx_value(self, name: str):
@@ -255,14 +256,15 @@ class _Run:
             return self.p.weights()[name]
         raise KeyError(name)
 
-    def _release_fx(self) -> None:
+    def _release_fx(self, names) -> None:
+        """Free torch values among ``names`` that neither side needs any more."""
         pos = self.runner.position
         env = self.runner.env
-        for name in list(env):
-            if self.p.fx_last_use.get(name, -1) < pos and self.fx_release.get(name, -1) <= self.current_segment:
-                node_pos = self.p.fx_position[name]
-                if node_pos < pos:
-                    del env[name]
+        last_use, release, current = self.p.fx_last_use, self.fx_release, self.current_segment
+        for name in names:
+            if name in env and last_use.get(name, -1) < pos and release.get(name, -1) <= current \
+                    and self.p.fx_position[name] < pos:
+                del env[name]
 
     def _to_feed(self, value, like_name: str):
         """A torch value as the ONNX side expects value ``like_name`` (dtype and shape)."""
@@ -381,7 +383,7 @@ class _Run:
                 rec = self._compare(rec, value, p.weights()[pair.onnx_value])
                 self._check_exc(rec)
                 yield rec
-            self._release_fx()
+            self._release_fx([n.name for n in node.all_input_nodes] + [node.name])
 
     def _one_sided_fx(self, fx_name: str) -> Record:
         p = self.p
@@ -599,7 +601,7 @@ class _Run:
             self.current_segment = s
             yield from self._segment_records(seg, seconds)
             self._free_onnx(seg)
-            self._release_fx()
+            self._release_fx(self.release_at[s])
         yield from self._advance_fx(len(p.fx_nodes))
         yield from self._output_records()
 
@@ -709,7 +711,7 @@ def prepare(ep, onx=None) -> Prepared:
                     "ExportedProgram (decomposed as the exporter does): the ONNX model was not exported "
                     "from this program"
                 )
-        prepared = Prepared(decomposed, model, user)
+        prepared = Prepared(decomposed, model, user, index)
     refs = tuple(_ref(x) for x in (ep, onx) if x is not None and not isinstance(x, (str, os.PathLike)))
     _PREPARED[key] = (refs, prepared)
     return prepared

@@ -1,0 +1,266 @@
+"""Speed and memory of sbs_widget against the floor and against onnx-diagnostic, side by side.
+
+The floor for a model: eager ``ep.module()(*args)`` + creating ONE onnxruntime session whose outputs
+are every intermediate value + one run of it (the least any side-by-side comparison must do).
+
+Printed per model (medians over --repeat runs, each measurement in a fresh subprocess):
+- ours / floor             (target <= 2.0): prepare + first run (sessions compiled), decomposed EP given;
+- ours node_local / floor  (target <= 3.0);
+- rerun / floor            a rerun on the prepared pair (reset experiments pay only this);
+- onnx-diagnostic / ours   (target >= 20 on the tiny model): its run_aligned on the same decomposed EP;
+- decomposition (s)        the one-time cost when the user hands over the user EP (cached afterwards);
+- memory ratio             peak RSS above the loaded state / (weights + largest live set of the
+                           eager run), target <= 2.0.
+
+    pip install -e ".[bench]"
+    python benchmarks/speed_memory.py                 # tiny 16-layer LLaMA (hidden 64) and mid one
+    python benchmarks/speed_memory.py --models tiny --repeat 3 --no-reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+MODELS = {
+    "tiny": dict(layers=16, hidden=64, seq=16, batch=2),
+    "mid": dict(layers=8, hidden=256, seq=128, batch=2),
+}
+
+
+# -- measurement helpers (run inside the subprocess) ------------------------------------------------
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples the resident set size every millisecond while active."""
+
+    def __enter__(self):
+        self.base = _rss()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def above(self) -> int:
+        return self.peak - self.base
+
+
+def _export(name: str):
+    from sbs_widget import zoo
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        ep, prog, args, kwargs = zoo.export("llama", optimize=True, **MODELS[name])
+    return ep, prog, args, kwargs
+
+
+def _live_set_bytes(program) -> tuple[int, int]:
+    """(weights bytes, largest bytes of intermediates alive at once in an eager run)."""
+    import torch
+
+    nodes = list(program.graph.nodes)
+    last = {}
+    for i, n in enumerate(nodes):
+        for inp in n.all_input_nodes:
+            last[inp.name] = i
+
+    def size(n):
+        v = n.meta.get("val")
+        vals = v if isinstance(v, (tuple, list)) else [v]
+        return sum(x.numel() * x.element_size() for x in vals if isinstance(x, torch.Tensor))
+
+    weights = sum(t.numel() * t.element_size() for t in program.state_dict.values())
+    weights += sum(t.numel() * t.element_size() for t in program.constants.values() if isinstance(t, torch.Tensor))
+    alive, live, peak = {}, 0, 0
+    for i, n in enumerate(nodes):
+        if n.op == "call_function" or (n.op == "placeholder" and n.name in program.graph_signature.user_inputs):
+            alive[n.name] = size(n)
+            live += alive[n.name]
+            peak = max(peak, live)
+        for inp in n.all_input_nodes:
+            if last.get(inp.name) == i and inp.name in alive:
+                live -= alive.pop(inp.name)
+    return weights, peak
+
+
+def _floor(ep, model, args, kwargs) -> float:
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    begin = time.perf_counter()
+    with torch.no_grad():
+        ep.module()(*args, **kwargs)
+    eager = time.perf_counter() - begin
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    known = {o.name for o in m.graph.output}
+    for node in m.graph.node:
+        for o in node.output:
+            if o and o not in known:
+                vi = m.graph.output.add()
+                vi.name = o
+                known.add(o)
+    begin = time.perf_counter()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    from sbs_widget.fx_runner import flat_inputs
+
+    flat = flat_inputs(ep, args, kwargs)[-len(ep.graph_signature.user_inputs):]
+    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), flat)}
+    sess.run(None, feeds)
+    return eager + time.perf_counter() - begin
+
+
+def _with_memory_format(op, fmt, kwargs):
+    def call(*args):
+        return op(*args, memory_format=fmt, **kwargs)
+
+    return call
+
+
+def measure(mode: str, name: str) -> dict:
+    warnings.simplefilter("ignore")
+    import torch
+
+    ep, prog, args, kwargs = _export(name)
+    decomposed, model = prog.exported_program, prog.model_proto
+    out: dict = {"mode": mode, "model": name}
+    if mode == "floor":
+        with PeakRss() as mem:
+            out["seconds"] = _floor(decomposed, model, args, kwargs)
+        out["rss_above"] = mem.above
+        out["weights"], out["live"] = _live_set_bytes(decomposed)
+    elif mode in ("ours", "ours_local"):
+        from sbs_widget.engine import prepare
+
+        with PeakRss() as mem:
+            begin = time.perf_counter()
+            p = prepare(decomposed, model)
+            n = sum(1 for _ in p.run(args, kwargs, node_local=mode == "ours_local"))
+            out["seconds"] = time.perf_counter() - begin
+        out["records"] = n
+        out["rss_above"] = mem.above
+        begin = time.perf_counter()
+        sum(1 for _ in p.run(args, kwargs, node_local=mode == "ours_local"))
+        out["rerun"] = time.perf_counter() - begin
+    elif mode == "decompose":
+        from sbs_widget.loading import decompose_as_exporter
+
+        begin = time.perf_counter()
+        decompose_as_exporter(ep)
+        out["seconds"] = time.perf_counter() - begin
+    elif mode == "reference":
+        from onnx_diagnostic.reference import OnnxruntimeEvaluator
+        from onnx_diagnostic.torch_onnx.sbs import run_aligned
+
+        # onnx-diagnostic 0.9.3 cannot read torch.memory_format kwargs (clone(memory_format=...)) in
+        # transformers' decomposed graphs: move the kwarg into the callable, same computation.
+        for node in decomposed.graph.nodes:
+            fmt = node.kwargs.get("memory_format") if node.op == "call_function" else None
+            if fmt is not None:
+                op, rest = node.target, {k: v for k, v in node.kwargs.items() if k != "memory_format"}
+                node.target = _with_memory_format(op, fmt, rest)
+                node.kwargs = {}
+        with PeakRss() as mem, contextlib.redirect_stdout(io.StringIO()):
+            begin = time.perf_counter()
+            n = sum(1 for _ in run_aligned(decomposed, model, OnnxruntimeEvaluator, args, kwargs,
+                                           use_tensor=False, exc=False))
+            out["seconds"] = time.perf_counter() - begin
+        out["records"] = n
+        out["rss_above"] = mem.above
+    else:
+        raise ValueError(mode)
+    del torch
+    return out
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+def _spawn(mode: str, name: str) -> dict:
+    cmd = [sys.executable, __file__, "--one", mode, "--models", name]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not line:
+        raise RuntimeError(f"{mode} on {name} failed:\n{res.stderr[-3000:]}")
+    return json.loads(line[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,mid")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-reference", action="store_true", help="skip onnx-diagnostic")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one, args.models)))
+        return 0
+    modes = ["floor", "ours", "ours_local", "decompose"]
+    if not args.no_reference:
+        try:
+            import onnx_diagnostic  # noqa: F401
+            modes.append("reference")
+        except ImportError:
+            print("onnx-diagnostic is not installed (pip install -e '.[bench]'): skipped", file=sys.stderr)
+    rows = []
+    for name in args.models.split(","):
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        for r in range(args.repeat):
+            for mode in modes:  # interleaved: each repeat measures every mode under the same load
+                if mode == "reference" and r > 0 and name != "tiny":
+                    continue  # slow; one run is enough on the bigger model
+                runs[mode].append(_spawn(mode, name))
+                print(f"  {name} {mode} #{r}: {runs[mode][-1]['seconds']:.3f}s", file=sys.stderr, flush=True)
+        med = {m: statistics.median(x["seconds"] for x in v) for m, v in runs.items() if v}
+        floor = runs["floor"][0]
+        denominator = floor["weights"] + floor["live"]
+        row = {
+            "model": name, **MODELS[name],
+            "floor_s": round(med["floor"], 3), "ours_s": round(med["ours"], 3),
+            "ours/floor": round(med["ours"] / med["floor"], 2),
+            "ours_local/floor": round(med["ours_local"] / med["floor"], 2),
+            "rerun/floor": round(statistics.median(x["rerun"] for x in runs["ours"]) / med["floor"], 2),
+            "decompose_s": round(med["decompose"], 2),
+            "mem_ratio": round(statistics.median(x["rss_above"] for x in runs["ours"]) / denominator, 2),
+            "mem_ratio_local": round(statistics.median(x["rss_above"] for x in runs["ours_local"]) / denominator, 2),
+            "weights_MB": round(floor["weights"] / 2**20, 1), "live_MB": round(floor["live"] / 2**20, 1),
+        }
+        if "reference" in med:
+            row["onnx_diagnostic_s"] = round(med["reference"], 2)
+            row["onnx_diagnostic/ours"] = round(med["reference"] / med["ours"], 1)
+            row["onnx_diagnostic_mem_ratio"] = round(runs["reference"][0]["rss_above"] / denominator, 2)
+        rows.append(row)
+    print()
+    for row in rows:
+        print(" | ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""``python -m sbs_widget compare`` (and ``demo``): the engine from the command line.
+
+    python -m sbs_widget compare --ep model.pt2 --onnx model.onnx --inputs inputs.pt -o diff.csv
+    python -m sbs_widget demo -o report.html     # exports dummy_llm on the fly, injects a fault, compares
+
+The output format follows the extension of ``-o``: .csv, .xlsx, .parquet or .html.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .errors import InputError
+
+WRITERS = (".csv", ".xlsx", ".parquet", ".html")
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("compare", help="compare an ExportedProgram with its ONNX export, value by value",
+                       description="Run the .pt2 program and the ONNX model in lockstep and compare every "
+                                   "aligned pair of intermediate values.")
+    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
+    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
+    p.add_argument("--inputs", required=True,
+                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
+    _common(p)
+    p.set_defaults(func=_compare)
+
+    d = sub.add_parser("demo", help="export the built-in dummy_llm, inject a fault and compare",
+                       description="A self-contained example: exports sbs_widget.dummy_llm() to ONNX, "
+                                   "replaces one Add by Sub in the ONNX model, and compares.")
+    d.add_argument("--no-fault", action="store_true", help="compare the correct export")
+    d.add_argument("--optimize", action="store_true", help="export with optimize=True")
+    _common(d)
+    d.set_defaults(func=_demo)
+
+
+def _common(p) -> None:
+    p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
+                   help="FX or ONNX names whose torch value replaces the ONNX one downstream")
+    p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_output(path: str | None) -> None:
+    if path and os.path.splitext(path)[1].lower() not in WRITERS:
+        raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
+
+
+def _compare(args) -> int:
+    _check_output(args.output)
+    from .engine import prepare
+
+    prepared = prepare(args.ep, args.onnx)
+    return _run_and_report(prepared, args.inputs, None, args)
+
+
+def _demo(args) -> int:
+    _check_output(args.output)
+    from .demo import demo_pair
+    from .engine import prepare
+
+    ep, model, inputs, fault = demo_pair(fault=not args.no_fault, optimize=args.optimize)
+    if fault:
+        print(f"demo: dummy_llm exported to ONNX; injected fault: {fault}")
+    return _run_and_report(prepare(ep, model), inputs, None, args)
+
+
+def _run_and_report(prepared, inputs, kwargs, args) -> int:
+    from tqdm import tqdm
+
+    from .summary import summarize
+
+    bar = None if args.quiet else tqdm(total=prepared.n_fx_nodes, unit="node", desc="comparing", file=sys.stderr)
+
+    def progress(done, total, name):
+        if bar is not None:
+            bar.n = done
+            if done == total or done % 16 == 0:
+                bar.set_postfix_str(name[:30], refresh=False)
+                bar.refresh()
+
+    records = []
+    try:
+        for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
+                                reset_names=args.reset, node_local=args.node_local, progress=progress):
+            records.append(rec)
+    finally:  # whatever happens, what was computed is written
+        if bar is not None:
+            bar.close()
+        if args.output and records:
+            write_records(records, args.output, atol=args.atol, rtol=args.rtol)
+            print(f"wrote {len(records)} records to {args.output}")
+    for line in summarize(records, prepared).lines():
+        print(line)
+    return 0
+
+
+def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """Write records to ``path``, format chosen by extension (.csv, .xlsx, .parquet, .html)."""
+    from .records import to_dataframe
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".html":
+        try:
+            from .report import write_html_report
+        except ImportError:  # the widget's report is not part of this build
+            to_dataframe(records).to_html(path, index=False, escape=True)
+            return
+        write_html_report(records, path, atol=atol, rtol=rtol)
+        return
+    df = to_dataframe(records).drop(columns=["histogram"])
+    if ext == ".csv":
+        df.to_csv(path, index=False)
+    elif ext == ".xlsx":
+        df.to_excel(path, index=False)
+    elif ext == ".parquet":
+        df.to_parquet(path, index=False)
+    else:
+        raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
