@@ -219,7 +219,11 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 al.weights.append(WeightPair(ph, key, key, True))
                 take(ph, key, "weight", "weight")
         else:
-            al.weights.append(WeightPair(ph, key, None, False, "no initializer: folded or removed by the optimizer"))
+            folded = [v for v in index.initializers if key in index.folded_from(v)]
+            why = (f"no initializer of its own: the ONNX optimizer folded it into {', '.join(folded[:3])} "
+                   "(compared where the program transforms it)") if folded else \
+                "no initializer: removed by the ONNX optimizer"
+            al.weights.append(WeightPair(ph, key, None, False, why))
 
     # Outputs, by position of the flattened outputs.
     out_node = next(n for n in reversed(nodes) if n.op == "output")

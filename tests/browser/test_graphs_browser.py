@@ -3,7 +3,7 @@
 Most tests use the offline page ``python -m sbs_widget graph`` writes (the same ``mountGraphs`` as the
 widget, a plain table standing in for the widget's), opened from a file:// URL: no server, 1-2 s each.
 One test runs the real widget in JupyterLab (conftest's ``lab``): FX node click -> ONNX twin and table row.
-Run: ``pytest -m browser tests/browser/test_graphs.py -p no:playwright``.
+Run: ``pytest -m browser tests/browser/test_graphs_browser.py -p no:playwright``.
 """
 
 from __future__ import annotations
