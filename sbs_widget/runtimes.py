@@ -50,6 +50,8 @@ class OnnxruntimeRuntime:
         opts = self._ort.SessionOptions()
         opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 3
+        # Each segment has its own session; arenas would keep every segment's peak allocated.
+        opts.enable_cpu_mem_arena = False
         if self.intra_op_num_threads:
             opts.intra_op_num_threads = self.intra_op_num_threads
         session = self._ort.InferenceSession(model.SerializeToString(), opts, providers=self.providers)
