@@ -48,3 +48,8 @@ from .graphs import fx_graph, onnx_graph  # noqa: E402
 
 __all__ += ["fx_graph", "onnx_graph"]
 # --- culprits (issue 6) ---
+from .culprits import Culprit, ResetSuggestion, culprits, find_culprits, suggest_resets  # noqa: E402
+from .repro import ReproBundle, export_repro  # noqa: E402
+
+__all__ += ["Culprit", "ReproBundle", "ResetSuggestion", "culprits", "export_repro", "find_culprits",
+            "suggest_resets"]

@@ -1,0 +1,288 @@
+"""Accuracy of the culprit finder on injected faults.
+
+    python benchmarks/culprit_accuracy.py                      # full suite (about 10 min on 2 cores)
+    python benchmarks/culprit_accuracy.py --models dummy_llm mlp --per-kind 2
+
+Correct exports of several models (optimize=False and True) get ONE fault each, placed after the
+first 40% of the ONNX nodes, at seeded random positions, of these kinds: noise on one weight, an op
+replaced (Add<->Sub, Mul<->Div...), a changed attribute (epsilon, Softmax axis), a float16 round trip
+inserted on one intermediate, a scaled scalar constant, a swapped Gelu approximation. Faults that do
+not move a model output beyond tolerance are skipped (not observable). Each fault is run through
+``sbs_widget.culprits``; top-1/top-3 count the answers naming the corrupted node (a weight or
+constant: the initializer or one of its consumers; a cast: the Cast nodes or the value it rounds).
+When the corrupted node has no torch twin (an ONNX-only node fused into the group of a compared
+value), naming that group counts too (column ``fused``). Correct exports must give no culprit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sbs_widget import faults  # noqa: E402
+from sbs_widget.onnx_index import OnnxIndex  # noqa: E402
+
+ATOL = RTOL = 1e-4
+KINDS = ("weight", "op", "attribute", "cast", "constant", "gelu")
+MODELS = ("dummy_llm", "mlp", "llama", "bert", "gpt2")
+SWAPS = {"Add": "Sub", "Sub": "Add", "Mul": "Div", "Div": "Mul", "Sigmoid": "Tanh", "Tanh": "Sigmoid",
+         "Relu": "Sigmoid", "Exp": "Sigmoid"}
+FLOAT = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class Fault:
+    kind: str
+    description: str
+    model: onnx.ModelProto
+    ok_nodes: set = field(default_factory=set)   # naming one of these nodes is correct
+    ok_values: set = field(default_factory=set)  # naming one of these values is correct
+
+
+def _floats(index: OnnxIndex, value: str) -> bool:
+    vt = index.types.get(value)
+    return vt is not None and vt.elem_type == FLOAT
+
+
+def candidates(model: onnx.ModelProto, kind: str) -> list:
+    """(description, builder() -> Fault) for every site of ``kind`` after the first 40% of nodes."""
+    index = OnnxIndex.build(model)
+    nodes = list(model.graph.node)
+    start = int(0.4 * len(nodes))
+    deep = range(start, len(nodes))
+    out = []
+    if kind == "weight":
+        seen = set()
+        for i in deep:
+            for x in nodes[i].input:
+                if x in index.initializers and x not in seen and _floats(index, x):
+                    arr = index.initializers[x]
+                    if int(np.prod(arr.dims)) >= 16:
+                        seen.add(x)
+                        out.append((f"noise on weight {x}", lambda x=x: Fault(
+                            "weight", f"noise 1e-2 on weight {x}", faults.perturb_initializer(model, x, scale=1e-2),
+                            {nodes[j].name for j in index.consumers.get(x, [])}, {x})))
+    elif kind == "op":
+        for i in deep:
+            n = nodes[i]
+            if n.op_type in SWAPS and n.output and _floats(index, n.output[0]):
+                out.append((f"{n.op_type}->{SWAPS[n.op_type]} at {n.name}", lambda n=n: Fault(
+                    "op", f"{n.op_type} replaced by {SWAPS[n.op_type]} at {n.name}",
+                    faults.replace_op(model, n.name, SWAPS[n.op_type]), {n.name})))
+    elif kind == "attribute":
+        for i in deep:
+            n = nodes[i]
+            if n.op_type in ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"):
+                out.append((f"epsilon at {n.name}", lambda n=n: Fault(
+                    "attribute", f"epsilon=0.1 at {n.name}", faults.set_attribute(model, n.name, "epsilon", 0.1),
+                    {n.name})))
+            if n.op_type in ("Softmax", "LogSoftmax"):
+                out.append((f"axis at {n.name}", lambda n=n: Fault(
+                    "attribute", f"axis=-2 at {n.name}", faults.set_attribute(model, n.name, "axis", -2), {n.name})))
+    elif kind == "cast":
+        for i in deep:
+            n = nodes[i]
+            if n.op_type in ("Constant", "Shape") or not n.output:
+                continue
+            v = n.output[0]
+            if _floats(index, v) and index.consumers.get(v) and v not in index.outputs:
+                out.append((f"float16 round trip on {v}", lambda v=v, n=n: Fault(
+                    "cast", f"float16 round trip on {v}", faults.insert_cast(model, v),
+                    {f"{v}__cast_low", f"{v}__cast_back", n.name}, {v, f"{v}__lowp", f"{v}__roundtrip"})))
+    elif kind == "constant":
+        seen = set()
+        for i in deep:
+            for x in nodes[i].input:
+                if x in seen or not x:
+                    continue
+                arr = None
+                if x in index.initializers:
+                    t = index.initializers[x]
+                    if t.data_type == FLOAT and int(np.prod(t.dims)) == 1:
+                        arr = t
+                elif x in index.constant_nodes:
+                    c = nodes[index.constant_nodes[x]]
+                    t = next((a.t for a in c.attribute if a.name == "value"), None)
+                    if t is not None and t.data_type == FLOAT and int(np.prod(t.dims)) == 1:
+                        arr = t
+                if arr is None:
+                    continue
+                seen.add(x)
+                ok = {nodes[j].name for j in index.consumers.get(x, [])}
+                if x in index.constant_nodes:
+                    ok.add(nodes[index.constant_nodes[x]].name)
+                out.append((f"constant {x} x1.5", lambda x=x, ok=ok: Fault(
+                    "constant", f"scalar constant {x} scaled by 1.5", faults.scale_constant(model, x, 1.5), ok, {x})))
+    elif kind == "gelu":
+        for i in deep:
+            n = nodes[i]
+            if n.op_type == "Gelu":
+                out.append((f"gelu at {n.name}", lambda n=n: Fault(
+                    "gelu", f"Gelu approximation swapped at {n.name}",
+                    faults.swap_gelu_approximation(model, n.name), {n.name})))
+    return out
+
+
+class Oracle:
+    """Runs ONNX models with onnxruntime on the inputs: reference outputs, observability of a fault."""
+
+    def __init__(self, model: onnx.ModelProto, args, kwargs):
+        import torch
+
+        leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        names = [i.name for i in model.graph.input]
+        self.feeds = {n: t.detach().cpu().numpy() for n, t in zip(names, leaves)}
+        self.reference = self.outputs(model)
+
+    def outputs(self, model):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return sess.run(None, self.feeds)
+
+    def observable(self, model) -> bool:
+        try:
+            got = self.outputs(model)
+        except Exception:
+            return False  # a fault that breaks the model is not a numerical discrepancy
+        for e, g in zip(self.reference, got):
+            e, g = np.asarray(e, dtype=np.float64), np.asarray(g, dtype=np.float64)
+            if e.shape != g.shape:
+                return False
+            bad = ~np.isclose(g, e, atol=ATOL, rtol=RTOL, equal_nan=True)
+            if bad.any():
+                return True
+        return False
+
+
+def make_faults(model, args, kwargs, *, per_kind: int = 3, seed: int = 0, kinds=KINDS, oracle=None):
+    """Up to ``per_kind`` observable faults per kind, sites drawn with ``seed``."""
+    oracle = oracle or Oracle(model, args, kwargs)
+    rng = np.random.default_rng(seed)
+    out = []
+    for kind in kinds:
+        sites = candidates(model, kind)
+        order = rng.permutation(len(sites))
+        found = 0
+        for j in order[: per_kind * 4]:
+            if found >= per_kind:
+                break
+            fault = sites[int(j)][1]()
+            if oracle.observable(fault.model):
+                out.append(fault)
+                found += 1
+    return out
+
+
+def is_hit(culprit, fault: Fault, prepared) -> str:
+    """'' (wrong), 'exact' or 'fused' (the corrupted ONNX-only node is in the culprit's group)."""
+    if culprit.onnx_node in fault.ok_nodes or culprit.onnx_name in fault.ok_values:
+        return "exact"
+    if culprit.onnx_name and culprit.onnx_name in prepared.index.producer:
+        g = prepared.group(culprit.onnx_name)
+        if g is not None:
+            twins = prepared.alignment.onnx_to_fx
+            for i in g.nodes:
+                node = prepared.index.nodes[i]
+                if node.name in fault.ok_nodes and not any(o in twins for o in node.output):
+                    return "fused"
+    return ""
+
+
+def evaluate(ep, model, args, kwargs, fault_list):
+    """[(fault, rank 1-based or 0, how)] and the number of culprits on the correct export."""
+    from sbs_widget.culprits import culprits
+    from sbs_widget.engine import prepare
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        false_alarms = len(culprits(ep, model, args, kwargs, atol=ATOL, rtol=RTOL))
+        results = []
+        for fault in fault_list:
+            prepared = prepare(ep, fault.model)
+            found = culprits(prepared, None, args, kwargs, atol=ATOL, rtol=RTOL)
+            rank, how = 0, ""
+            for r, c in enumerate(found[:3], 1):
+                how = is_hit(c, fault, prepared)
+                if how:
+                    rank = r
+                    break
+            results.append((fault, rank, how, found[:3]))
+    return results, false_alarms
+
+
+def export(name: str, optimize: bool):
+    from sbs_widget import zoo
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return zoo.export(name, optimize=optimize)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--per-kind", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="print every miss")
+    args = parser.parse_args(argv)
+    rows = []
+    alarms = {}
+    begin = time.perf_counter()
+    for name in args.models:
+        for optimize in (False, True):
+            ep, prog, a, kw = export(name, optimize)
+            model = prog.model_proto
+            flist = make_faults(model, a, kw, per_kind=args.per_kind, seed=args.seed)
+            results, fa = evaluate(ep, model, a, kw, flist)
+            alarms[(name, optimize)] = fa
+            for fault, rank, how, found in results:
+                rows.append((name, optimize, fault.kind, rank, how))
+                if args.verbose and rank != 1:
+                    print(f"MISS {name} opt={optimize} {fault.description}: rank={rank}", flush=True)
+                    for c in found:
+                        print(f"     {c.score:.2f} {c.onnx_op_type} {c.onnx_node} {c.onnx_name}: {c.reason}")
+            print(f"{name:10s} optimize={optimize!s:5s} faults={len(results):3d} "
+                  f"top1={sum(r == 1 for _, r, _, _ in results)} false_alarms={fa} "
+                  f"({time.perf_counter() - begin:.0f}s)", flush=True)
+    _table(rows, alarms)
+    return 0
+
+
+def _table(rows, alarms) -> None:
+    def line(label, sel):
+        n = len(sel)
+        if not n:
+            return
+        t1 = sum(r[3] == 1 for r in sel) / n
+        t3 = sum(1 <= r[3] <= 3 for r in sel) / n
+        fused = sum(r[4] == "fused" and r[3] == 1 for r in sel)
+        print(f"| {label:22s} | {n:6d} | {100 * t1:5.1f}% | {100 * t3:5.1f}% | {fused:5d} |")
+
+    print()
+    print(f"| {'fault kind / model':22s} | faults |  top-1 |  top-3 | fused |")
+    print(f"|{'-' * 24}|--------|--------|--------|-------|")
+    for kind in KINDS:
+        line(kind, [r for r in rows if r[2] == kind])
+    for name in sorted({r[0] for r in rows}):
+        for opt in (False, True):
+            line(f"{name} opt={opt}", [r for r in rows if r[0] == name and r[1] == opt])
+    line("ALL", rows)
+    print(f"\nfalse alarms on correct exports: {sum(alarms.values())} culprits over {len(alarms)} exports")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

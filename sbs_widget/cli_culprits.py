@@ -1,0 +1,68 @@
+"""``python -m sbs_widget culprits`` and ``repro``: where the discrepancy starts, and a file to show it.
+
+    python -m sbs_widget culprits --ep model.pt2 --onnx model.onnx --inputs inputs.pt [--json] [--top N]
+    python -m sbs_widget repro --ep model.pt2 --onnx model.onnx --inputs inputs.pt --name NAME -o FOLDER
+
+``culprits`` exits with 0 whether or not culprits are found (an empty list on a correct export).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("culprits", help="rank the ONNX nodes where the discrepancy starts",
+                       description="Run both sides with node-local errors and name the nodes where errors "
+                                   "originate, most likely first, each with a reason.")
+    _files(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list, most likely first")
+    p.add_argument("--top", type=int, default=10, help="how many culprits at most (default 10)")
+    p.set_defaults(func=_culprits)
+
+    r = sub.add_parser("repro", help="write a minimal ONNX model + data + replay.py reproducing one culprit",
+                       description="Cut the ONNX node (or fused group) computing NAME into its own model, "
+                                   "with the torch inputs and expected outputs, and a replay.py script.")
+    _files(r)
+    r.add_argument("--name", required=True, help="ONNX value, ONNX node or FX node name (e.g. a culprit's)")
+    r.add_argument("-o", "--output", required=True, help="folder to write the bundle into")
+    r.set_defaults(func=_repro)
+
+
+def _files(p) -> None:
+    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
+    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
+    p.add_argument("--inputs", required=True,
+                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+
+
+def _culprits(args) -> int:
+    from .culprits import culprits
+    from .engine import prepare
+
+    found = culprits(prepare(args.ep, args.onnx), None, args.inputs, top=args.top, atol=args.atol,
+                     rtol=args.rtol, runtime=args.runtime)
+    if args.json:
+        print(json.dumps([c.to_dict() for c in found], indent=1, default=float))
+        return 0
+    if not found:
+        print("no culprit: every compared value agrees within tolerance, or no node creates an error")
+        return 0
+    for k, c in enumerate(found, 1):
+        print(f"{k}. {c.onnx_op_type} {c.onnx_node!r} -> {c.onnx_name!r} (FX {c.ep_name}, score {c.score:.2f})")
+        print(f"   {c.reason}")
+    return 0
+
+
+def _repro(args) -> int:
+    from .engine import prepare
+    from .repro import export_repro
+
+    bundle = export_repro(prepare(args.ep, args.onnx), args.inputs, args.name, args.output,
+                          atol=args.atol, rtol=args.rtol)
+    print(f"wrote {bundle.folder}: {', '.join(bundle.files)}")
+    print(f"max abs error of the piece on torch inputs: {bundle.err_abs:.3g}; run: python {bundle.folder}/replay.py")
+    return 0

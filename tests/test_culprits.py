@@ -1,0 +1,116 @@
+"""Culprit finder, repro bundles and reset suggestions on injected faults (a CI-sized subset of
+benchmarks/culprit_accuracy.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import sbs_widget
+from sbs_widget import faults
+from sbs_widget.engine import prepare
+
+from engine_models import exported, node_named
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from culprit_accuracy import KINDS, evaluate, make_faults  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_fault_suite_dummy_llm(optimize):
+    ep, prog, args, kwargs = exported("dummy_llm", optimize)
+    flist = make_faults(prog.model_proto, args, kwargs, per_kind=1, seed=1)
+    assert {f.kind for f in flist} >= {"weight", "op", "cast", "constant"}
+    results, false_alarms = evaluate(ep, prog.model_proto, args, kwargs, flist)
+    assert false_alarms == 0
+    misses = [(f.description, found[:1]) for f, rank, _, found in results if rank != 1]
+    assert not misses
+
+
+def test_culprit_fields_and_reason():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    node = node_named(prog.model_proto, "LayerNormalization", -1)
+    bad = faults.set_attribute(prog.model_proto, node.name, "epsilon", 0.5)
+    found = sbs_widget.culprits(ep, bad, args, kwargs, top=3)
+    c = found[0]
+    assert c.onnx_node == node.name and c.onnx_op_type == "LayerNormalization"
+    assert c.ep_name and c.ep_target and c.module and 0 < c.score <= 1
+    assert "LayerNormalization gives" in c.reason and "the node itself differs" in c.reason
+    assert set(c.to_dict()) >= {"onnx_node", "onnx_name", "onnx_op_type", "ep_name", "ep_target", "module",
+                                "score", "reason"}
+    assert sbs_widget.culprits(ep, prog.model_proto, args, kwargs) == []
+    assert sbs_widget.find_culprits([]) == []
+
+
+def test_cast_names_the_cast():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    value = node_named(prog.model_proto, "MatMul", -2).output[0]
+    bad = faults.insert_cast(prog.model_proto, value)
+    c = sbs_widget.culprits(ep, bad, args, kwargs)[0]
+    assert c.kind == "cast" and c.onnx_node == f"{value}__cast_low" and c.onnx_name == value
+    assert "float16" in c.reason
+
+
+def test_repro_bundle_replays_the_error(tmp_path):
+    ep, prog, args, kwargs = exported("dummy_llm", True)
+    node = node_named(prog.model_proto, "Add", -1)
+    bad = faults.replace_op(prog.model_proto, node.name, "Sub")
+    p = prepare(ep, bad)
+    c = sbs_widget.culprits(p, None, args, kwargs)[0]
+    bundle = sbs_widget.export_repro(p, args, c, str(tmp_path / "b"), kwargs=kwargs)
+    for f in ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py"):
+        assert (tmp_path / "b" / f).exists()
+    loaded = torch.load(tmp_path / "b" / "inputs.pt", weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in loaded.values())
+    assert "FX node" in (tmp_path / "b" / "fx.txt").read_text()
+    out = subprocess.run([sys.executable, str(tmp_path / "b" / "replay.py")], capture_output=True, text=True,
+                         check=True).stdout
+    err = float(re.search(r"max abs error: (\S+)", out).group(1))
+    assert c.err_local > 1e-3 and abs(err - c.err_local) <= 0.1 * c.err_local
+
+
+def test_suggest_resets():
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    node = node_named(prog.model_proto, "LayerNormalization", 0)
+    p = prepare(ep, faults.set_attribute(prog.model_proto, node.name, "epsilon", 0.5))
+    s = sbs_widget.suggest_resets(p, args, kwargs=kwargs)
+    assert s.fixed and s.names == [node.output[0]]
+    assert max(s.before) > 1e-4 and max(s.after) <= 1e-4
+    assert sbs_widget.suggest_resets(prepare(ep, prog.model_proto), args, kwargs=kwargs).names == []
+
+
+def test_cli_culprits_and_repro(tmp_path, capsys):
+    from sbs_widget.cli import main
+
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    node = node_named(prog.model_proto, "Gelu", -1)
+    bad = faults.swap_gelu_approximation(prog.model_proto, node.name)
+    torch.export.save(ep, tmp_path / "m.pt2")
+    import onnx
+
+    onnx.save(bad, tmp_path / "bad.onnx")
+    onnx.save(prog.model_proto, tmp_path / "good.onnx")
+    torch.save(args, tmp_path / "in.pt")
+    files = ["--ep", str(tmp_path / "m.pt2"), "--inputs", str(tmp_path / "in.pt")]
+    assert main(["culprits", *files, "--onnx", str(tmp_path / "bad.onnx"), "--json", "--top", "2"]) == 0
+    items = json.loads(capsys.readouterr().out)
+    assert 1 <= len(items) <= 2 and items[0]["onnx_node"] == node.name and items[0]["reason"]
+    assert main(["culprits", *files, "--onnx", str(tmp_path / "good.onnx"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["repro", *files, "--onnx", str(tmp_path / "bad.onnx"), "--name", items[0]["onnx_name"],
+                 "-o", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "replay.py").exists()
