@@ -12,6 +12,7 @@ import { renderDetail } from "./detail.js";
 import { createProgress } from "./progress.js";
 import { renderCompare } from "./compare.js";
 import { createResetPanel } from "./reset.js";
+import { createCulpritsPanel } from "./culprits.js";
 import { toCSV } from "./csv.js";
 
 
@@ -85,6 +86,9 @@ export function createView({ model, el, mountGraphs }) {
     onRerun: () => model.send({ type: "rerun" }),
     live,
   });
+  const culprits = createCulpritsPanel({
+    onSelect: (i) => { if (shown !== model.get("run_id")) showRun(model.get("run_id")); select(i, true); },
+  });
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
@@ -100,6 +104,7 @@ export function createView({ model, el, mountGraphs }) {
       h("label", { title: "re-colors and re-judges without rerunning; the next run uses them" }, "atol", atolIn),
       h("label", {}, "rtol", rtolIn)),
     compareEl,
+    culprits.el,
     h("div", { class: "sbs-main" }, table.el, detail),
     reset.el,
     graphsBox,
@@ -241,6 +246,7 @@ export function createView({ model, el, mountGraphs }) {
   on("change:reset_names", () => { reset.update(running()); table.repaint(); });
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
+  on("change:culprits", () => culprits.update(model.get("culprits")));
   on("change:title", () => { title.textContent = model.get("title") || "sbs_widget"; });
 
   // --- graphs (issue 5), mounted when first opened: layout costs time, most sessions never open it
@@ -271,6 +277,7 @@ export function createView({ model, el, mountGraphs }) {
   renderDetail(detail, null, {});
   updateRuns();
   renderCompare(compareEl, model.get("compare"), meta());
+  culprits.update(model.get("culprits"));
   updateStatus();
   refresh();
   request(shown);

@@ -66,6 +66,7 @@ class SbsWidget(anywidget.AnyWidget):
     )
     fx_dot = traitlets.Unicode("").tag(sync=True)
     onnx_dot = traitlets.Unicode("").tag(sync=True)
+    culprits = traitlets.List().tag(sync=True)  # of the latest finished run: Culprit dicts + "i" (record)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float = 1e-4,
                  rtol: float = 1e-4, runtime=None, node_local: bool = False, autostart: bool = True,
@@ -215,6 +216,7 @@ class SbsWidget(anywidget.AnyWidget):
                 self.runs_meta = [r.summary() for r in self._runs]
                 if current:
                     self._update_compare()
+                    self._update_culprits(run)
                     self.message = run.error
                     self.status = run.status
 
@@ -248,6 +250,24 @@ class SbsWidget(anywidget.AnyWidget):
     def _tolerance_changed(self, change) -> None:
         if getattr(self, "_runs", None) and self._runs[-1].finished:  # not during __init__
             self._update_compare()
+
+    def _update_culprits(self, run: Run) -> None:
+        from .culprits import find_culprits
+
+        try:
+            found = find_culprits(run.records, prepared=self._prepared, atol=run.atol, rtol=run.rtol)
+        except Exception as e:  # a failed culprit search must not cost the comparison
+            warnings.warn(f"culprits unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
+            found = []
+        self.culprits = [dict(c.to_dict(), i=c.record) for c in found]
+
+    def export_repro(self, name, folder):
+        """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
+        ``Culprit``) into ``folder``; see ``sbs_widget.export_repro``."""
+        from .repro import export_repro
+
+        return export_repro(self._prepare(), self._args, name, folder, kwargs=self._kwargs,
+                            atol=self.atol, rtol=self.rtol)
 
     def _update_compare(self) -> None:
         if len(self._runs) < 2:

@@ -114,3 +114,17 @@ def test_cli_culprits_and_repro(tmp_path, capsys):
     assert main(["repro", *files, "--onnx", str(tmp_path / "bad.onnx"), "--name", items[0]["onnx_name"],
                  "-o", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "replay.py").exists()
+
+
+def test_widget_culprits_trait_and_repro(tmp_path):
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    node = node_named(prog.model_proto, "LayerNormalization", -1)
+    bad = faults.set_attribute(prog.model_proto, node.name, "epsilon", 0.5)
+    w = sbs_widget.SbsWidget(ep, bad, args, kwargs=kwargs, node_local=True).wait()
+    assert w.culprits and w.culprits[0]["onnx_node"] == node.name
+    first = w.culprits[0]
+    assert w.records[first["i"]].onnx_name == first["onnx_name"] and first["reason"]
+    bundle = w.export_repro(first["onnx_name"], str(tmp_path / "w"))
+    assert (tmp_path / "w" / "replay.py").exists() and bundle.err_abs > 1e-3
+    good = sbs_widget.SbsWidget(ep, prog.model_proto, args, kwargs=kwargs, node_local=True).wait()
+    assert good.culprits == []
