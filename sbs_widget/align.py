@@ -219,7 +219,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 al.weights.append(WeightPair(ph, key, key, True))
                 take(ph, key, "weight", "weight")
         else:
-            folded = [v for v in index.initializers if key in index.folded_from(v)]
+            folded = index.folded_into().get(key, [])
             why = (f"no initializer of its own: the ONNX optimizer folded it into {', '.join(folded[:3])} "
                    "(compared where the program transforms it)") if folded else \
                 "no initializer: removed by the ONNX optimizer"

@@ -347,7 +347,11 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
                f"{_g(rec.err_abs)}): the node itself differs")
     group = ctx.group_nodes(rec.onnx_name)
     if len(group) > 1:
-        why += f" (or one of the {len(group) - 1} ONNX-only nodes fused with it)"
+        others = [ctx.p.index.nodes[i] for i in group if ctx.p.index.nodes[i].name != rec.onnx_node_name]
+        named = ", ".join(f"{n.op_type} {n.name!r}" for n in others[:3]) + (", ..." if len(others) > 3 else "")
+        why += f" (or one of the {len(others)} ONNX-only nodes computed with it: {named})"
+    if "dtypes differ" in (rec.comment or ""):
+        why += f"; {rec.comment[rec.comment.index('dtypes differ'):].split(';')[0]}"
     return Culprit(
         onnx_node=rec.onnx_node_name, onnx_name=rec.onnx_name, onnx_op_type=rec.onnx_op_type,
         ep_name=rec.ep_name, ep_target=rec.ep_target, module=rec.module, score=round(evidence, 4),

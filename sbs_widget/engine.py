@@ -29,7 +29,7 @@ import onnx
 import torch
 
 from . import records as R
-from .align import Alignment, align, fx_shape_type
+from .align import Alignment, align, onnx_elem_type
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
 from .fx_runner import FxRunner, check_inputs, flat_inputs, last_uses
 from .loading import (
@@ -105,10 +105,7 @@ class Prepared:
         for o in self.index.outputs:
             self.last_reader[o] = n
         self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
-        self.folded_into: dict[str, str] = {}
-        for name in self.index.initializers:
-            for src in self.index.folded_from(name):
-                self.folded_into.setdefault(src, name)
+        self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
         self._segments: dict[tuple[int, int], Segment] = {}
         self._compiled: dict[tuple, Callable] = {}
         self._groups: dict[str, LocalGroup | None] = {}
@@ -322,8 +319,11 @@ class _Run:
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"cannot read the value: {err}")
             return rec
-        rec.ep_shape_type = fx_shape_type(expected) if isinstance(expected, torch.Tensor) else _np_shape_type(e)
-        rec.onnx_shape_type = _np_shape_type(g)
+        dims = "x".join(map(str, e.shape))
+        code = onnx_elem_type(expected.dtype) if isinstance(expected, torch.Tensor) else numpy_elem_type(e)
+        rec.ep_shape_type = f"T{code}s{dims}"
+        g_code = numpy_elem_type(g)
+        rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _np_shape_type(g)
         if not same_shape(e, g):
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")

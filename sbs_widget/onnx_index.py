@@ -131,13 +131,25 @@ class OnnxIndex:
         return parts[-2] if len(parts) >= 2 else ""
 
     def folded_from(self, value: str) -> list[str]:
-        raw = self.value_meta.get(value, {}).get("pkg.onnxscript.optimizer.folded_from")
-        if not raw:
-            return []
-        try:
-            return list(ast.literal_eval(raw))
-        except (ValueError, SyntaxError):
-            return []
+        """Values a constant-folded initializer was computed from (onnxscript's metadata)."""
+        cache = self.__dict__.setdefault("_folded", {})
+        if value not in cache:
+            raw = self.value_meta.get(value, {}).get("pkg.onnxscript.optimizer.folded_from")
+            try:
+                cache[value] = list(ast.literal_eval(raw)) if raw else []
+            except (ValueError, SyntaxError):
+                cache[value] = []
+        return cache[value]
+
+    def folded_into(self) -> dict[str, list[str]]:
+        """Reverse of ``folded_from``: source value -> initializers folded from it."""
+        if "_folded_into" not in self.__dict__:
+            out: dict[str, list[str]] = {}
+            for name in self.initializers:
+                for src in self.folded_from(name):
+                    out.setdefault(src, []).append(name)
+            self.__dict__["_folded_into"] = out
+        return self.__dict__["_folded_into"]
 
     def is_constant(self, value: str) -> bool:
         return value in self.initializers or value in self.constant_nodes

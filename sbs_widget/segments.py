@@ -31,9 +31,10 @@ def numpy_elem_type(array) -> int:
     dt = getattr(array, "dtype", None)
     if dt is None:
         return 0
-    if str(dt) == "bfloat16":
-        return onnx.TensorProto.BFLOAT16
-    return _NUMPY_TO_ONNX.get(np.dtype(dt), 0)
+    code = _NUMPY_TO_ONNX.get(dt)
+    if code is not None:
+        return code
+    return onnx.TensorProto.BFLOAT16 if str(dt) == "bfloat16" else 0
 
 
 @dataclass
