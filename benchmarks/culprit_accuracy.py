@@ -11,13 +11,17 @@ not move a model output beyond tolerance are skipped (not observable). Each faul
 ``sbs_widget.culprits``; top-1/top-3 count the answers naming the corrupted node (a weight or
 constant: the initializer or one of its consumers; a cast: the Cast nodes or the value it rounds).
 When the corrupted node has no torch twin (an ONNX-only node fused into the group of a compared
-value), naming that group counts too (column ``fused``). Correct exports must give no culprit.
+value), naming that group counts too (column ``fused``), except for casts: the consumer of a rounded
+value is not an answer. Correct exports must give no culprit. For reference, ``first-div`` and
+``max-local`` score onnx-diagnostic's rules on the same records (the first record beyond tolerance;
+the largest node-local error), with the same credit rules.
+
+RESULTS
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import io
 import os
@@ -192,7 +196,7 @@ def is_hit(culprit, fault: Fault, prepared) -> str:
     """'' (wrong), 'exact' or 'fused' (the corrupted ONNX-only node is in the culprit's group)."""
     if culprit.onnx_node in fault.ok_nodes or culprit.onnx_name in fault.ok_values:
         return "exact"
-    if culprit.onnx_name and culprit.onnx_name in prepared.index.producer:
+    if fault.kind != "cast" and culprit.onnx_name and culprit.onnx_name in prepared.index.producer:
         g = prepared.group(culprit.onnx_name)
         if g is not None:
             twins = prepared.alignment.onnx_to_fx
@@ -205,8 +209,12 @@ def is_hit(culprit, fault: Fault, prepared) -> str:
 
 def evaluate(ep, model, args, kwargs, fault_list):
     """[(fault, rank 1-based or 0, how)] and the number of culprits on the correct export."""
-    from sbs_widget.culprits import culprits
+    from sbs_widget.culprits import Culprit, culprits, find_culprits
     from sbs_widget.engine import prepare
+
+    def as_culprit(rec):
+        return Culprit(rec.onnx_node_name, rec.onnx_name, rec.onnx_op_type, rec.ep_name, rec.ep_target,
+                       rec.module, 0.0, "", value=rec.onnx_name)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -214,14 +222,21 @@ def evaluate(ep, model, args, kwargs, fault_list):
         results = []
         for fault in fault_list:
             prepared = prepare(ep, fault.model)
-            found = culprits(prepared, None, args, kwargs, atol=ATOL, rtol=RTOL)
+            records = list(prepared.run(args, kwargs, atol=ATOL, rtol=RTOL, node_local=True))
+            found = find_culprits(records, prepared=prepared, atol=ATOL, rtol=RTOL)
             rank, how = 0, ""
             for r, c in enumerate(found[:3], 1):
                 how = is_hit(c, fault, prepared)
                 if how:
                     rank = r
                     break
-            results.append((fault, rank, how, found[:3]))
+            # onnx-diagnostic's rules for reference: the first record beyond tolerance, the largest err_local
+            nodes = [x for x in records if x.kind == "node" and x.onnx_name in prepared.index.producer]
+            first = next((x for x in nodes if x.status == "mismatch"), None)
+            local = max((x for x in nodes if x.err_local is not None), key=lambda x: x.err_local, default=None)
+            base = tuple(bool(x is not None and is_hit(as_culprit(x), fault, prepared))
+                         for x in (first, local))
+            results.append((fault, rank, how, found[:3], base))
     return results, false_alarms
 
 
@@ -249,14 +264,14 @@ def main(argv=None) -> int:
             flist = make_faults(model, a, kw, per_kind=args.per_kind, seed=args.seed)
             results, fa = evaluate(ep, model, a, kw, flist)
             alarms[(name, optimize)] = fa
-            for fault, rank, how, found in results:
-                rows.append((name, optimize, fault.kind, rank, how))
+            for fault, rank, how, found, base in results:
+                rows.append((name, optimize, fault.kind, rank, how) + base)
                 if args.verbose and rank != 1:
                     print(f"MISS {name} opt={optimize} {fault.description}: rank={rank}", flush=True)
                     for c in found:
                         print(f"     {c.score:.2f} {c.onnx_op_type} {c.onnx_node} {c.onnx_name}: {c.reason}")
             print(f"{name:10s} optimize={optimize!s:5s} faults={len(results):3d} "
-                  f"top1={sum(r == 1 for _, r, _, _ in results)} false_alarms={fa} "
+                  f"top1={sum(r[1] == 1 for r in results)} false_alarms={fa} "
                   f"({time.perf_counter() - begin:.0f}s)", flush=True)
     _table(rows, alarms)
     return 0
@@ -270,11 +285,14 @@ def _table(rows, alarms) -> None:
         t1 = sum(r[3] == 1 for r in sel) / n
         t3 = sum(1 <= r[3] <= 3 for r in sel) / n
         fused = sum(r[4] == "fused" and r[3] == 1 for r in sel)
-        print(f"| {label:22s} | {n:6d} | {100 * t1:5.1f}% | {100 * t3:5.1f}% | {fused:5d} |")
+        first = sum(r[5] for r in sel) / n
+        local = sum(r[6] for r in sel) / n
+        print(f"| {label:22s} | {n:6d} | {100 * t1:5.1f}% | {100 * t3:5.1f}% | {fused:5d} | {100 * first:8.1f}% "
+              f"| {100 * local:8.1f}% |")
 
     print()
-    print(f"| {'fault kind / model':22s} | faults |  top-1 |  top-3 | fused |")
-    print(f"|{'-' * 24}|--------|--------|--------|-------|")
+    print(f"| {'fault kind / model':22s} | faults |  top-1 |  top-3 | fused | first-div | max-local |")
+    print(f"|{'-' * 24}|--------|--------|--------|-------|-----------|-----------|")
     for kind in KINDS:
         line(kind, [r for r in rows if r[2] == kind])
     for name in sorted({r[0] for r in rows}):

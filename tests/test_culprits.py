@@ -20,7 +20,7 @@ from sbs_widget.engine import prepare
 from engine_models import exported, node_named
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from culprit_accuracy import KINDS, evaluate, make_faults  # noqa: E402
+from culprit_accuracy import evaluate, make_faults  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def test_fault_suite_dummy_llm(optimize):
     assert {f.kind for f in flist} >= {"weight", "op", "cast", "constant"}
     results, false_alarms = evaluate(ep, prog.model_proto, args, kwargs, flist)
     assert false_alarms == 0
-    misses = [(f.description, found[:1]) for f, rank, _, found in results if rank != 1]
+    misses = [(f.description, found[:1]) for f, rank, _, found, _ in results if rank != 1]
     assert not misses
 
 
@@ -81,6 +81,7 @@ def test_repro_bundle_replays_the_error(tmp_path):
                          check=True).stdout
     err = float(re.search(r"max abs error: (\S+)", out).group(1))
     assert c.err_local > 1e-3 and abs(err - c.err_local) <= 0.1 * c.err_local
+    assert abs(bundle.err_abs - err) <= 1e-3 * err and bundle.value == c.value
 
 
 def test_suggest_resets():
