@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import os
 import time
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -48,7 +48,8 @@ from .segments import Segment, describe_segment, numpy_elem_type, plan_segments,
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-4
-SEGMENT_NODES = 200  # ONNX nodes per segment: fewer sessions vs fewer values alive at once
+SEGMENT_NODES = 400  # most ONNX nodes per segment
+MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
 
 Progress = Callable[[int, int, str], None]
 
@@ -106,6 +107,7 @@ class Prepared:
             self.last_reader[o] = n
         self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
         self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
+        self.node_bytes, self.live_bytes = self._estimate_sizes()
         self._segments: dict[tuple[int, int], Segment] = {}
         self._compiled: dict[tuple, Callable] = {}
         self._groups: dict[str, LocalGroup | None] = {}
@@ -122,6 +124,38 @@ class Prepared:
                 "model from this program (torch.onnx.export(ep, ..., dynamo=True))"
             )
 
+    def _estimate_sizes(self) -> tuple[list[int], int]:
+        """Bytes handed back per ONNX node (its compared outputs), and the largest set of torch
+        values alive at once in an eager run: the yardstick segments are cut by."""
+        fx_bytes: dict[str, int] = {}
+        for node in self.fx_nodes:
+            val = node.meta.get("val")
+            vals = val if isinstance(val, (tuple, list)) else [val]
+            fx_bytes[node.name] = sum(_numel_hint(v) * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+        alive, live, peak = {}, 0, 0
+        for i, node in enumerate(self.fx_nodes):
+            if node.op == "call_function":
+                alive[node.name] = fx_bytes[node.name]
+                live += alive[node.name]
+                peak = max(peak, live)
+            for inp in node.all_input_nodes:
+                if self.fx_last_use.get(inp.name) == i and inp.name in alive:
+                    live -= alive.pop(inp.name)
+        per_node = []
+        for node in self.index.nodes:
+            total = 0
+            for o in node.output:
+                if o in self.wanted:
+                    fx = self.alignment.onnx_to_fx.get(o)
+                    total += fx_bytes.get(fx, 0) if fx else _onnx_bytes(self.index.types.get(o))
+            per_node.append(total)
+        return per_node, peak
+
+    def plan(self, cuts: set[int], segment_nodes: int = SEGMENT_NODES) -> list[tuple[int, int]]:
+        """Segments for a run: values handed back by one segment stay near the eager live set."""
+        budget = max(self.live_bytes, 4 * max(self.node_bytes, default=0), MIN_SEGMENT_BYTES)
+        return plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes)
+
     # -- cached pieces ---------------------------------------------------------------------------
     def segment(self, start: int, end: int) -> Segment:
         key = (start, end)
@@ -129,10 +163,10 @@ class Prepared:
             self._segments[key] = describe_segment(self.index, start, end, self.wanted, self.last_reader)
         return self._segments[key]
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The ONNX file's initializers as numpy arrays (one copy, shared by every segment)."""
+    def weights(self) -> "_Weights":
+        """The ONNX file's initializers as numpy arrays, shared by every segment."""
         if self._weights is None:
-            self._weights = {name: self.index.initializer_array(name) for name in self.index.initializers}
+            self._weights = _Weights(self)
         return self._weights
 
     def group(self, value: str) -> LocalGroup | None:
@@ -142,12 +176,14 @@ class Prepared:
         return self._groups[value]
 
     def compiled(self, runtime: Runtime, key: tuple, build: Callable[[], onnx.ModelProto]):
+        """A compiled piece of the model, cached per runtime instance (held here, so that its id
+        cannot be reused by another object while the entry lives)."""
         full = (runtime.name, id(runtime)) + key
-        fn = self._compiled.get(full)
-        if fn is None:
-            fn = runtime.compile(build())
-            self._compiled[full] = fn
-        return fn
+        hit = self._compiled.get(full)
+        if hit is None:
+            hit = (runtime, runtime.compile(build()))
+            self._compiled[full] = hit
+        return hit[1]
 
     # -- names -----------------------------------------------------------------------------------
     def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
@@ -195,6 +231,66 @@ class Prepared:
                     histogram, segment_nodes).records()
 
 
+class _Weights:
+    """The ONNX file's initializers, as a read-only mapping name -> numpy array.
+
+    An initializer bitwise equal to the torch parameter it comes from (or to its transpose, the
+    optimizer's folded weights) is served from the parameter's memory instead of a second copy: the
+    ONNX side still computes with exactly the file's values, and the weights are held once.
+    """
+
+    def __init__(self, p: "Prepared"):
+        self._arrays: dict[str, np.ndarray] = {}
+        self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
+        params = {**p.decomposed_ep.state_dict, **{k: v for k, v in p.decomposed_ep.constants.items()
+                                                    if isinstance(v, torch.Tensor)}}
+        twins: dict[str, tuple[str, bool]] = {}
+        for w in p.alignment.weights:
+            if w.onnx_name and w.comparable:
+                twins[w.onnx_name] = (w.key, False)
+        for name in p.index.initializers:
+            src = p.index.folded_from(name)
+            if name not in twins and len(src) == 1 and src[0] in params:
+                twins[name] = (src[0], True)
+        for name in p.index.initializers:
+            arr = p.index.initializer_array(name)
+            twin = twins.get(name)
+            if twin is not None and twin[0] in params and arr.size > 1024:
+                t = params[twin[0]].detach()
+                if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+                    view = t.numpy()
+                    view = view.T if twin[1] and view.ndim == 2 else view
+                    if view.shape == arr.shape and view.dtype == arr.dtype and np.array_equal(view, arr):
+                        self._views[name] = (t, twin[1] and view.ndim == 2)
+                        continue
+            self._arrays[name] = arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._arrays:
+            return self._arrays[name]
+        t, transposed = self._views[name]
+        # A transposed view is made contiguous for the runtime: a copy alive for one segment only.
+        return np.ascontiguousarray(t.numpy().T) if transposed else t.numpy()
+
+    def __contains__(self, name) -> bool:
+        return name in self._arrays or name in self._views
+
+    def __iter__(self):
+        yield from self._arrays
+        yield from self._views
+
+    def __len__(self) -> int:
+        return len(self._arrays) + len(self._views)
+
+    def keys(self):
+        return list(self)
+
+    @property
+    def shared(self) -> int:
+        """How many initializers are served from torch's memory."""
+        return len(self._views)
+
+
 class _Run:
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
@@ -213,7 +309,7 @@ class _Run:
         self.done = 0
         idx = p.index
         cuts = {idx.producer[v] for v in reset}
-        self.ranges = plan_segments(idx, cuts, segment_nodes)
+        self.ranges = p.plan(cuts, segment_nodes)
         self.segment_of_node = np.zeros(len(idx.nodes), dtype=np.int64)
         for s, (a, b) in enumerate(self.ranges):
             self.segment_of_node[a:b] = s
@@ -549,9 +645,10 @@ class _Run:
                     rec = self._compare(rec, env[fx_name], self.onnx_env[o])
                     if o in local and rec.status != R.ERROR:
                         try:
-                            rec.err_local = compute_errors(env[fx_name], np.asarray(local[o]).reshape(
-                                self.onnx_shapes.get(o, np.shape(local[o]))), atol=self.atol,
-                                rtol=self.rtol).err_abs
+                            local_err = compute_errors(env[fx_name], np.asarray(local[o]).reshape(
+                                self.onnx_shapes.get(o, np.shape(local[o]))), atol=self.atol, rtol=self.rtol)
+                            # a node turning -inf into +inf on torch inputs creates an error too
+                            rec.err_local = local_err.err_abs if not local_err.err_nan else float("inf")
                         except (RuntimeError, ValueError, TypeError):
                             pass
                     if o in self.reset:
@@ -602,6 +699,7 @@ class _Run:
             yield from self._segment_records(seg, seconds)
             self._free_onnx(seg)
             self._release_fx(self.release_at[s])
+            _return_freed_memory()
         yield from self._advance_fx(len(p.fx_nodes))
         yield from self._output_records()
 
@@ -665,6 +763,48 @@ class _Run:
             yield rec
 
 
+def _load_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed blocks below its (growing) mmap threshold: after each segment, hand what the
+    segment freed back to the system, so that memory follows the values alive, not the run's history."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _numel_hint(t: torch.Tensor) -> int:
+    n = 1
+    for d in t.shape:
+        if isinstance(d, int):
+            n *= d
+        else:  # symbolic: its example value
+            hint = getattr(getattr(d, "node", None), "hint", None)
+            n *= int(hint) if hint is not None else 16
+    return n
+
+
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+
+def _onnx_bytes(vt) -> int:
+    if vt is None or vt.shape is None:
+        return 0
+    n = 1
+    for d in vt.shape:
+        n *= d if isinstance(d, int) and d > 0 else 16
+    return n * _ITEMSIZE.get(vt.elem_type, 4)
+
+
 def _np_shape_type(a: np.ndarray) -> str:
     return f"T{numpy_elem_type(a)}s{'x'.join(str(d) for d in a.shape)}"
 
@@ -675,7 +815,8 @@ def _join(a: str, b: str) -> str:
 
 # -- public entry points --------------------------------------------------------------------------
 
-_PREPARED: dict[tuple, tuple] = {}
+_PREPARED: "OrderedDict[tuple, tuple]" = OrderedDict()
+_PREPARED_MAX = 4  # pairs kept: the latest ones, the ones a notebook reruns
 
 
 def prepare(ep, onx=None) -> Prepared:
@@ -684,11 +825,13 @@ def prepare(ep, onx=None) -> Prepared:
     ``ep``: an ExportedProgram (the one ``torch.export.export`` returns), a ``.pt2`` path, or the
     ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional).
     ``onx``: an ``onnx.ModelProto`` or a path (external data is loaded).
-    Results are cached per (ep, onx) object so that repeated calls cost nothing.
+    The last few pairs are cached (keyed by object identity, or path and modification time), so that
+    repeated calls on the same objects cost nothing; the cache holds them, so identities stay valid.
     """
     key = _cache_key(ep, onx)
     hit = _PREPARED.get(key)
-    if hit is not None and all(ref() is not None for ref in hit[0]):
+    if hit is not None:
+        _PREPARED.move_to_end(key)
         return hit[1]
     if is_onnx_program(ep):
         model = load_onnx_model(onx) if onx is not None else ep.model_proto
@@ -712,16 +855,10 @@ def prepare(ep, onx=None) -> Prepared:
                     "from this program"
                 )
         prepared = Prepared(decomposed, model, user, index)
-    refs = tuple(_ref(x) for x in (ep, onx) if x is not None and not isinstance(x, (str, os.PathLike)))
-    _PREPARED[key] = (refs, prepared)
+    _PREPARED[key] = ((ep, onx), prepared)
+    while len(_PREPARED) > _PREPARED_MAX:
+        _PREPARED.popitem(last=False)
     return prepared
-
-
-def _ref(obj):
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
 
 
 def _cache_key(ep, onx) -> tuple:

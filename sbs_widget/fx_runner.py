@@ -88,18 +88,22 @@ class FxRunner:
             args = map_arg(node.args, self._get)
             kwargs = map_arg(node.kwargs, self._get)
             try:
-                if node.op == "call_function":
-                    value = node.target(*args, **kwargs)
-                elif node.op == "call_module":
-                    value = self.module.get_submodule(node.target)(*args, **kwargs)
-                else:  # call_method
-                    value = getattr(args[0], node.target)(*args[1:], **kwargs)
+                # No autograd: saved tensors would keep every intermediate alive.
+                with torch.no_grad():
+                    value = self._call(node, args, kwargs)
             except Exception as e:
                 raise RuntimeError(f"while executing FX node {node.name!r} ({node.target}): "
                                    f"{type(e).__name__}: {e}") from e
         seconds = time.perf_counter() - begin
         self.env[node.name] = value
         return node, value, seconds
+
+    def _call(self, node: torch.fx.Node, args, kwargs):
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)
+        if node.op == "call_module":
+            return self.module.get_submodule(node.target)(*args, **kwargs)
+        return getattr(args[0], node.target)(*args[1:], **kwargs)  # call_method
 
     def _get(self, n: torch.fx.Node):
         return self.env[n.name]

@@ -52,6 +52,8 @@ class OnnxruntimeRuntime:
         opts.log_severity_level = 3
         # Each segment has its own session; arenas would keep every segment's peak allocated.
         opts.enable_cpu_mem_arena = False
+        # Memory patterns pre-plan one block for every value of a run and keep it with the session.
+        opts.enable_mem_pattern = False
         if self.intra_op_num_threads:
             opts.intra_op_num_threads = self.intra_op_num_threads
         session = self._ort.InferenceSession(model.SerializeToString(), opts, providers=self.providers)
@@ -87,6 +89,9 @@ RUNTIMES = {
 }
 
 
+_SHARED: dict = {}
+
+
 def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False) -> Runtime:
     """A runtime by name (``onnxruntime``, ``onnx.reference``) or a ``Runtime`` object as is.
 
@@ -98,9 +103,11 @@ def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False) -
         except KeyError:
             raise InputError(f"unknown runtime {runtime!r}; choose one of {sorted(set(RUNTIMES))} "
                              "or pass an object with .name and .compile(model)") from None
-        if cls is OnnxruntimeRuntime and cuda:
-            return OnnxruntimeRuntime(["CUDAExecutionProvider", "CPUExecutionProvider"])
-        return cls()
+        key = (cls, cuda and cls is OnnxruntimeRuntime)
+        if key not in _SHARED:  # one instance per kind: compiled sessions are cached per instance
+            _SHARED[key] = OnnxruntimeRuntime(["CUDAExecutionProvider", "CPUExecutionProvider"]) \
+                if key[1] else cls()
+        return _SHARED[key]
     if isinstance(runtime, Runtime):
         return runtime
     raise InputError(f"runtime must be a name or an object with .name and .compile(model), not {type(runtime).__name__}")

@@ -50,11 +50,21 @@ class Segment:
         return (self.start, self.end)
 
 
-def plan_segments(index: OnnxIndex, cuts: set[int], target_nodes: int) -> list[tuple[int, int]]:
-    """Node ranges: a boundary every ``target_nodes`` nodes and after each node index in ``cuts``."""
-    n = len(index.nodes)
-    bounds = set(range(target_nodes, n, target_nodes)) | {c + 1 for c in cuts if 0 <= c < n - 1}
-    edges = [0] + sorted(b for b in bounds if 0 < b < n) + [n]
+def plan_segments(n_nodes: int, cuts: set[int], node_bytes: list[int], budget: int,
+                  max_nodes: int) -> list[tuple[int, int]]:
+    """Node ranges in graph order. A segment ends when the values it hands back would exceed
+    ``budget`` bytes (they are alive at once), after ``max_nodes`` nodes, and after each node in
+    ``cuts`` (the producers of reset values)."""
+    edges = [0]
+    acc = count = 0
+    for i in range(n_nodes):
+        acc += node_bytes[i]
+        count += 1
+        if i in cuts or acc >= budget or count >= max_nodes:
+            edges.append(i + 1)
+            acc = count = 0
+    if edges[-1] != n_nodes:
+        edges.append(n_nodes)
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
