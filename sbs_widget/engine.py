@@ -108,6 +108,7 @@ class Prepared:
         self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
         self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
         self.node_bytes, self.live_bytes = self._estimate_sizes()
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
         self._segments: dict[tuple[int, int], Segment] = {}
         self._compiled: dict[tuple, Callable] = {}
         self._groups: dict[str, LocalGroup | None] = {}
@@ -153,7 +154,11 @@ class Prepared:
 
     def plan(self, cuts: set[int], segment_nodes: int = SEGMENT_NODES) -> list[tuple[int, int]]:
         """Segments for a run: values handed back by one segment stay near the eager live set."""
-        budget = max(self.live_bytes, 4 * max(self.node_bytes, default=0), MIN_SEGMENT_BYTES)
+        # Alive at once: about the eager live set, or half the weights' size when that is larger
+        # (fewer sessions to build; weights are shared with torch, not copied, so this stays within
+        # the memory of one model).
+        budget = max(self.live_bytes, self.weight_bytes // 2, 4 * max(self.node_bytes, default=0),
+                     MIN_SEGMENT_BYTES)
         return plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes)
 
     # -- cached pieces ---------------------------------------------------------------------------
