@@ -165,23 +165,26 @@ def test_tolerances_apply_without_verbosity():
     assert sum(r.status == "mismatch" for r in loose) == 0
 
 
+class CountingRuntime:
+    """A plugged-in runtime (the Runtime protocol) that counts what it compiles."""
+
+    name = "counting"
+
+    def __init__(self):
+        self.inner = sbs_widget.get_runtime("onnxruntime")
+        self.compiled = 0
+
+    def compile(self, model):
+        self.compiled += 1
+        return self.inner.compile(model)
+
+
 def test_reference_runtime_and_custom_runtime():
     ep, prog, args, kwargs = exported("mlp", False)
     ref = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, runtime="onnx.reference"))
     assert ref and not [r for r in ref if r.status in ("mismatch", "error")]
 
-    class Counting:
-        name = "counting"
-
-        def __init__(self):
-            self.inner = sbs_widget.get_runtime("onnxruntime")
-            self.compiled = 0
-
-        def compile(self, model):
-            self.compiled += 1
-            return self.inner.compile(model)
-
-    rt = Counting()
+    rt = CountingRuntime()
     assert isinstance(rt, sbs_widget.Runtime)
     recs = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, runtime=rt))
     assert rt.compiled >= 1 and not [r for r in recs if r.status in ("mismatch", "error")]
@@ -192,18 +195,7 @@ def test_reference_runtime_and_custom_runtime():
 def test_no_session_per_node_and_reruns_reuse_sessions():
     ep, prog, args, kwargs = exported("dummy_llm", False)
 
-    class Counting:
-        name = "counting2"
-
-        def __init__(self):
-            self.inner = sbs_widget.get_runtime("onnxruntime")
-            self.compiled = 0
-
-        def compile(self, model):
-            self.compiled += 1
-            return self.inner.compile(model)
-
-    rt = Counting()
+    rt = CountingRuntime()
     p = prepare(ep, prog.model_proto)
     list(p.run(args, kwargs, runtime=rt))
     first = rt.compiled
