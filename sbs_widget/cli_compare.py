@@ -68,6 +68,8 @@ def _demo(args) -> int:
     ep, model, inputs, fault = demo_pair(fault=not args.no_fault, optimize=args.optimize)
     if fault:
         print(f"demo: dummy_llm exported to ONNX; injected fault: {fault}")
+    args.node_local = True  # the demo ends with the culprit: node-local errors make it sharp
+    args.culprits = 3
     return _run_and_report(prepare(ep, model), inputs, None, args)
 
 
@@ -98,7 +100,22 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
             print(f"wrote {len(records)} records to {args.output}")
     for line in summarize(records, prepared).lines():
         print(line)
+    if getattr(args, "culprits", 0):
+        _print_culprits(records, prepared, args)
     return 0
+
+
+def _print_culprits(records, prepared, args) -> None:
+    try:
+        from .culprits import find_culprits
+    except ImportError:  # the culprit finder is not part of this build
+        return
+    found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
+    if not found:
+        print("culprits: none (every difference is within tolerance)")
+    for rank, c in enumerate(found, 1):
+        print(f"culprit {rank}: {c.onnx_op_type} node {c.onnx_node!r} (value {c.onnx_name!r}, module "
+              f"{c.module or '-'}): {c.reason}")
 
 
 def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4) -> None:

@@ -79,5 +79,7 @@ def test_demo(tmp_path):
     res = _cli("demo", "--quiet", "-o", tmp_path / "demo.csv")
     assert res.returncode == 0, res.stderr
     assert "injected fault" in res.stdout and "first pair beyond tolerance: add_2" in res.stdout
+    assert "culprit 1: Sub node 'node_add_2'" in res.stdout
     res = _cli("demo", "--quiet", "--no-fault")
     assert res.returncode == 0 and "no pair beyond tolerance" in res.stdout
+    assert "culprits: none" in res.stdout
