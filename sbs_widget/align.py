@@ -175,7 +175,6 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     graph = program.graph
     nodes = list(graph.nodes)
     al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id))
-    by_name = {n.name: n for n in nodes}
 
     # ONNX nodes grouped by the FX node they translate.
     for i, fx in enumerate(index.node_fx):

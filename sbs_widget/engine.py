@@ -21,7 +21,6 @@ import difflib
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -44,7 +43,8 @@ from .metrics import as_numpy, compute_errors, same_shape
 from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
-from .segments import Segment, describe_segment, numpy_elem_type, plan_segments, segment_model
+from .segments import (SMALL_INITIALIZER, Segment, _numel, describe_segment, numpy_elem_type,
+                       plan_segments, segment_model)
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-4
@@ -70,16 +70,6 @@ def _fx_outputs(program: torch.export.ExportedProgram) -> list:
     """Flattened outputs, without the None ones: the exporter drops them."""
     out = next(n for n in reversed(program.graph.nodes) if n.op == "output")
     return [v for v in torch.utils._pytree.tree_leaves(out.args[0]) if v is not None]
-
-
-@dataclass
-class _Runtime:
-    """What a run keeps between segments."""
-
-    torch_env: dict
-    onnx_env: dict
-    onnx_shapes: dict
-    onnx_errors: dict
 
 
 class Prepared:
@@ -594,8 +584,6 @@ class _Run:
         return {g.value: o for g, o in zip(groups, outs)}
 
     def _is_big(self, name: str) -> bool:
-        from .segments import SMALL_INITIALIZER, _numel
-
         return _numel(self.p.index.initializers[name]) > SMALL_INITIALIZER
 
     def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
