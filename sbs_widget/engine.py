@@ -39,7 +39,7 @@ from .loading import (
     load_onnx_model,
 )
 from .local import LocalGroup, build_group, local_model, ANCHOR
-from .metrics import as_numpy, compute_errors, same_shape
+from .metrics import as_numpy, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
@@ -403,30 +403,45 @@ class _Run:
         return rec
 
     def _compare(self, rec: Record, expected, got) -> Record:
+        self._compare_many([(rec, expected, got)])
+        return rec
+
+    def _compare_many(self, items: list[tuple[Record, object, object]]) -> None:
+        """Fill the error fields of each ``(record, torch value, ONNX value)``, all pairs at once: the
+        figures of a whole segment come from a few vectorized passes (``compute_errors_many``)."""
+        ready, arrays = [], []
+        for rec, expected, got in items:
+            pair = self._readable(rec, expected, got)
+            if pair is not None:
+                ready.append(rec)
+                arrays.append(pair)
+        errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram)
+        for rec, err in zip(ready, errors):
+            rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
+            rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
+            rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
+            rec.status = R.OK if err.within_tolerance else R.MISMATCH
+
+    def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both values as numpy arrays of one shape, or None with the record marked as an error."""
         try:
             e = as_numpy(expected)
             g = as_numpy(got)
         except TypeError as err:
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"cannot read the value: {err}")
-            return rec
-        dims = "x".join(map(str, e.shape))
+            return None
         code = onnx_elem_type(expected.dtype) if isinstance(expected, torch.Tensor) else numpy_elem_type(e)
-        rec.ep_shape_type = f"T{code}s{dims}"
+        rec.ep_shape_type = f"T{code}s{'x'.join(map(str, e.shape))}"
         g_code = numpy_elem_type(g)
         rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _np_shape_type(g)
         if not same_shape(e, g):
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")
-            return rec
+            return None
         if e.dtype != g.dtype and not (isinstance(expected, torch.Tensor) and expected.dtype == torch.bfloat16):
             rec.comment = _join(rec.comment, f"dtypes differ: torch {e.dtype} vs onnx {g.dtype}")
-        err = compute_errors(e, g, atol=self.atol, rtol=self.rtol, histogram=self.histogram)
-        rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
-        rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
-        rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
-        rec.status = R.OK if err.within_tolerance else R.MISMATCH
-        return rec
+        return e, g
 
     def _check_exc(self, rec: Record) -> None:
         if self.exc and rec.status == R.MISMATCH:
@@ -601,10 +616,14 @@ class _Run:
         return out
 
     def _segment_records(self, seg: Segment, seconds: float) -> Iterator[Record]:
+        """The records of a segment's values, in node order: built first, measured together, then
+        yielded (resets and ``exc`` act in order)."""
         p = self.p
         env = self.runner.env
         local = self._run_local(seg) if self.node_local else {}
         n_nodes = max(1, seg.end - seg.start)
+        records: list[tuple[Record, str | None, str | None]] = []  # (record, FX name, ONNX value) compared
+        compares = []
         for i in range(seg.start, seg.end):
             node = p.index.nodes[i]
             for o in node.output:
@@ -619,7 +638,7 @@ class _Run:
                     rec.comment = _join("ONNX only", self.onnx_errors.get(o, ""))
                     if o in self.onnx_errors:
                         rec.status = R.ERROR
-                    yield rec
+                    records.append((rec, None, None))
                     continue
                 pair = p.alignment.pairs[fx_name]
                 rec = self._record(fx_name, o, pair.kind, pair.how)
@@ -635,39 +654,61 @@ class _Run:
                     rec.status = R.ERROR
                     rec.comment = _join(rec.comment, "ONNX value unavailable")
                 else:
-                    rec = self._compare(rec, env[fx_name], self.onnx_env[o])
-                    if o in local and rec.status != R.ERROR:
-                        try:
-                            local_err = compute_errors(env[fx_name], np.asarray(local[o]).reshape(
-                                self.onnx_shapes.get(o, np.shape(local[o]))), atol=self.atol, rtol=self.rtol)
-                            # a node turning -inf into +inf on torch inputs creates an error too
-                            rec.err_local = local_err.err_abs if not local_err.err_nan else float("inf")
-                        except (RuntimeError, ValueError, TypeError):
-                            pass
-                    if o in self.reset:
-                        try:
-                            self.onnx_env[o] = self._to_feed(env[fx_name], o)
-                            rec.status = R.RESET
-                            rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the torch value")
-                        except (TypeError, ValueError) as e:
-                            rec.comment = _join(rec.comment, f"cannot reset: {e}")
-                    self._check_exc(rec)
-                yield rec
-                yield from self._alias_records(o)
+                    compares.append((rec, env[fx_name], self.onnx_env[o]))
+                    records.append((rec, fx_name, o))
+                    records.extend(self._alias_records(o, compares))
+                    continue
+                records.append((rec, None, None))
+                records.extend(self._alias_records(o, compares))
+        self._compare_many(compares)
+        if local:
+            self._local_errors([(rec, fx, o) for rec, fx, o in records
+                                if o in local and fx == p.alignment.onnx_to_fx.get(o) and rec.status != R.ERROR],
+                               local)
+        for rec, fx_name, o in records:
+            if o is not None and o in self.reset and fx_name == p.alignment.onnx_to_fx.get(o):
+                try:
+                    self.onnx_env[o] = self._to_feed(env[fx_name], o)
+                    rec.status = R.RESET
+                    rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the torch value")
+                except (TypeError, ValueError) as e:
+                    rec.comment = _join(rec.comment, f"cannot reset: {e}")
+            if fx_name is not None:
+                self._check_exc(rec)
+            yield rec
 
-    def _alias_records(self, o: str) -> Iterator[Record]:
+    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> None:
+        """err_local: the torch value against the ONNX node run on torch inputs."""
+        env = self.runner.env
+        pairs, recs = [], []
+        for rec, fx_name, o in items:
+            try:
+                got = np.asarray(local[o]).reshape(self.onnx_shapes.get(o, np.shape(local[o])))
+                expected = as_numpy(env[fx_name])
+            except (RuntimeError, ValueError, TypeError):
+                continue
+            if same_shape(expected, got):
+                pairs.append((expected, got))
+                recs.append(rec)
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol)):
+            # a node turning -inf into +inf on torch inputs creates an error too
+            rec.err_local = err.err_abs if not err.err_nan else float("inf")
+
+    def _alias_records(self, o: str, compares: list) -> list[tuple[Record, str | None, str | None]]:
         """FX no-ops removed by the optimizer, compared with the ONNX value they equal."""
         env = self.runner.env
+        out = []
         for fx_name in self.p.alignment.aliases.get(o, ()):
             rec = self._record(fx_name, o, R.KIND_NODE)
             rec.comment = "no-op removed by the ONNX optimizer: compared with its input's twin"
             if fx_name not in env or o not in self.onnx_env:
                 rec.status = R.ERROR
                 rec.comment = _join(rec.comment, "value unavailable")
+                out.append((rec, None, None))
             else:
-                rec = self._compare(rec, env[fx_name], self.onnx_env[o])
-                self._check_exc(rec)
-            yield rec
+                compares.append((rec, env[fx_name], self.onnx_env[o]))
+                out.append((rec, fx_name, o))
+        return out
 
     def _free_onnx(self, seg: Segment) -> None:
         outputs = set(self.p.index.outputs)

@@ -10,6 +10,7 @@ import torch
 
 from .records import HISTOGRAM_EDGES
 
+BATCH_ELEMENTS = 1 << 18  # elements per vectorized pass: bounds its temporaries to a few MB
 
 
 @dataclass
@@ -88,8 +89,7 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     if np.iscomplexobj(e) or np.iscomplexobj(g):
         e = np.concatenate([e.real, e.imag]).astype(np.float64)
         g = np.concatenate([g.real, g.imag]).astype(np.float64)
-    calc = np.float64 if (e.dtype == np.float64 or g.dtype == np.float64 or e.dtype.kind in "iu" and
-                          e.dtype.itemsize == 8) else np.float32
+    calc = _calc_dtype(e, g)
     e = e.astype(calc, copy=False)
     g = g.astype(calc, copy=False)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: handled below
@@ -118,3 +118,76 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     within = err_nan == 0 and (err_abs <= atol or bool((diff <= atol + rtol * ae).all()))
     hist = _histogram(diff, err_abs) if histogram else None
     return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist)
+
+
+def _calc_dtype(e: np.ndarray, g: np.ndarray):
+    wide = e.dtype == np.float64 or g.dtype == np.float64 or (e.dtype.kind in "iu" and e.dtype.itemsize == 8)
+    return np.float64 if wide else np.float32
+
+
+def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = False) -> list[Errors]:
+    """``compute_errors`` for many ``(expected, got)`` pairs, same results, far fewer numpy calls.
+
+    A model has thousands of small values: per pair, numpy's call overhead costs more than the
+    arithmetic. Pairs are concatenated (up to ``BATCH_ELEMENTS`` at a time) and reduced per pair with
+    ``reduceat``; pairs with NaN/Inf, complex or empty values take the one-pair path.
+    """
+    out: list[Errors | None] = [None] * len(pairs)
+    batches: dict[type, tuple[list, list]] = {}  # calc dtype -> (indices, arrays)
+    sizes: dict[type, int] = {}
+    for i, (expected, got) in enumerate(pairs):
+        e, g = as_numpy(expected), as_numpy(got)
+        if e.size == 0 or e.size != g.size or np.iscomplexobj(e) or np.iscomplexobj(g):
+            out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
+            continue
+        calc = _calc_dtype(e, g)
+        idx, arrays = batches.setdefault(calc, ([], []))
+        idx.append(i)
+        arrays.append((e, g))
+        sizes[calc] = sizes.get(calc, 0) + e.size
+        if sizes[calc] >= BATCH_ELEMENTS:
+            _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram)
+            batches.pop(calc)
+            sizes[calc] = 0
+    for calc, (idx, arrays) in batches.items():
+        _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram)
+    return out  # type: ignore[return-value]
+
+
+def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram) -> None:
+    n = np.fromiter((e.size for e, _ in arrays), dtype=np.int64, count=len(arrays))
+    starts = np.zeros(len(arrays), dtype=np.int64)
+    np.cumsum(n[:-1], out=starts[1:])
+    e = np.concatenate([a.reshape(-1) for a, _ in arrays], dtype=calc, casting="unsafe")
+    g = np.concatenate([b.reshape(-1) for _, b in arrays], dtype=calc, casting="unsafe")
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = np.subtract(e, g)
+        del g
+        np.abs(diff, out=diff)
+        top = np.maximum.reduceat(diff, starts)  # NaN/Inf propagate: such pairs go one by one
+        ae = np.abs(e, out=e)
+        viol = np.add.reduceat(diff > atol + rtol * ae, starts, dtype=np.int64)
+        np.maximum(ae, 1e-6, out=ae)
+        rel = np.maximum.reduceat(np.divide(diff, ae, out=ae), starts)
+        del e, ae
+        square = np.add.reduceat(np.square(diff), starts, dtype=np.float64)
+        h01 = np.add.reduceat(diff > 0.1, starts, dtype=np.int64)
+        h001 = np.add.reduceat(diff > 0.01, starts, dtype=np.int64)
+        if histogram:
+            bucket = np.searchsorted(np.asarray(_EDGES, dtype=calc), diff, side="right")
+            bucket += np.repeat(np.arange(len(arrays), dtype=np.int64) * len(HISTOGRAM_EDGES), n)
+            hist = np.bincount(bucket, minlength=len(arrays) * len(HISTOGRAM_EDGES))
+            hist = hist.reshape(len(arrays), len(HISTOGRAM_EDGES)).tolist()
+    for j, i in enumerate(idx):
+        t = float(top[j])
+        if not math.isfinite(t):
+            a, b = arrays[j]
+            out[i] = compute_errors(a, b, atol=atol, rtol=rtol, histogram=histogram)
+            continue
+        size = int(n[j])
+        h = tuple(hist[j]) if histogram else None
+        if t == 0.0:
+            out[i] = Errors(0.0, 0.0, 0.0, 0, 0, 0, size, True, h)
+            continue
+        out[i] = Errors(t, float(rel[j]), math.sqrt(float(square[j]) / size), 0, int(h01[j]), int(h001[j]),
+                        size, t <= atol or int(viol[j]) == 0, h)

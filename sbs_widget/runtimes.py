@@ -54,6 +54,8 @@ class OnnxruntimeRuntime:
         opts.enable_cpu_mem_arena = False
         # Memory patterns pre-plan one block for every value of a run and keep it with the session.
         opts.enable_mem_pattern = False
+        # The FX side runs between two segments: spinning ORT threads would steal its cores.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.intra_op_num_threads:
             opts.intra_op_num_threads = self.intra_op_num_threads
         session = self._ort.InferenceSession(model.SerializeToString(), opts, providers=self.providers)

@@ -1,0 +1,77 @@
+"""The vectorized error figures (``compute_errors_many``) equal the one-pair ones on every kind of value."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sbs_widget import metrics
+from sbs_widget.metrics import compute_errors, compute_errors_many
+
+
+def _pairs(seed: int):
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for k in range(240):
+        shape = tuple(int(d) for d in rng.integers(1, 30, size=int(rng.integers(0, 4))))
+        a = rng.standard_normal(shape).astype(np.float32)
+        kind = k % 8
+        if kind == 0:
+            b = a.copy()
+        elif kind == 1:
+            b = a + rng.standard_normal(shape).astype(np.float32) * 10.0 ** -int(rng.integers(1, 8))
+        elif kind == 2:
+            b = a.copy()
+            b.reshape(-1)[0] = np.nan
+        elif kind == 3:
+            a = a.copy()
+            a.reshape(-1)[-1] = -np.inf
+            b = a.copy()
+        elif kind == 4:
+            a = (a * 100).astype(np.int64)
+            b = a + rng.integers(0, 2, size=shape)
+        elif kind == 5:
+            a = a > 0
+            b = a.copy()
+            b.reshape(-1)[0] = not b.reshape(-1)[0]
+        elif kind == 6:
+            a = torch.from_numpy(a).to(torch.float64)
+            b = a.numpy() * 1.5
+        else:
+            a = torch.from_numpy(a).to(torch.float16)
+            b = a.float().numpy().astype(np.float16) + np.float16(0.01)
+        pairs.append((a, b))
+    pairs.append((np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)))
+    pairs.append((np.complex64(1 + 2j) * np.ones(3, np.complex64), np.ones(3, np.complex64)))
+    return pairs
+
+
+@pytest.mark.parametrize("batch", [1 << 18, 700])
+@pytest.mark.parametrize("histogram", [True, False])
+def test_many_equals_one_by_one(monkeypatch, batch, histogram):
+    monkeypatch.setattr(metrics, "BATCH_ELEMENTS", batch)  # 700: many small batches, pairs split across
+    pairs = _pairs(batch)
+    one = [compute_errors(a, b, atol=1e-4, rtol=1e-3, histogram=histogram) for a, b in pairs]
+    many = compute_errors_many(pairs, atol=1e-4, rtol=1e-3, histogram=histogram)
+    assert len(many) == len(pairs)
+    for i, (x, y) in enumerate(zip(one, many)):
+        for f in ("err_nan", "err_h01", "err_h001", "n_elements", "within_tolerance", "histogram"):
+            assert getattr(x, f) == getattr(y, f), (i, f)
+        for f in ("err_abs", "err_rel", "err_dev"):
+            u, v = getattr(x, f), getattr(y, f)
+            assert math.isclose(u, v, rel_tol=1e-5, abs_tol=0.0), (i, f, u, v)
+    # the cases are really varied: mismatches, NaN-pattern differences, exact agreement
+    assert any(not e.within_tolerance for e in many) and any(e.err_nan for e in many)
+    assert any(e.err_abs == 0.0 and e.n_elements for e in many)
+
+
+def test_many_flags_a_single_bad_element_among_many():
+    a = np.zeros((64, 1000), np.float32)
+    b = a.copy()
+    b[37, 999] = 1.0
+    pairs = [(a[i], b[i]) for i in range(64)]
+    errs = compute_errors_many(pairs, atol=1e-4, rtol=1e-4, histogram=True)
+    bad = [i for i, e in enumerate(errs) if not e.within_tolerance]
+    assert bad == [37]
+    assert errs[37].err_abs == 1.0 and errs[37].err_h01 == 1 and errs[37].histogram[-2] == 1
