@@ -137,8 +137,9 @@ def _module_path(node: torch.fx.Node) -> str:
 
 
 def _stack_line(node: torch.fx.Node) -> str:
-    trace = node.meta.get("stack_trace") or ""
-    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    trace = (node.meta.get("stack_trace") or "").rstrip()
+    # only the tail matters: traces are long and every node has one
+    lines = [ln.strip() for ln in trace.rsplit("\n", 3)[-3:] if ln.strip()]
     # "File ..., line N, in f" followed by the code line: keep both, compactly.
     if len(lines) >= 2 and lines[-2].startswith("File"):
         return f"{lines[-2]}: {lines[-1]}"

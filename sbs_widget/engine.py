@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -54,15 +56,27 @@ MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the
 Progress = Callable[[int, int, str], None]
 
 
+_PRINTED_NAMES = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
+
+
 def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex) -> tuple[int, int]:
     """How many FX nodes named by the ONNX metadata (``pkg.torch.onnx.fx_node`` holds the node as
-    ``format_node()`` prints it) exist in ``program`` exactly so: name, target, arguments, users."""
-    printed = {n.name: n.format_node() for n in program.graph.nodes if n.op == "call_function"}
+    ``format_node()`` prints it) exist in ``program`` so: same name, target and input nodes.
+    (Comparing those instead of the whole printed text is 10x cheaper and tells the same: a program
+    decomposed differently has other targets or other inputs.)"""
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
     named = {}
     for i, fx in enumerate(index.node_fx):
         if fx:
-            named[fx] = index.node_meta[i].get("pkg.torch.onnx.fx_node", "")
-    ok = sum(1 for fx, text in named.items() if printed.get(fx) == text)
+            named[fx] = i
+    ok = 0
+    for fx, i in named.items():
+        node = nodes.get(fx)
+        if node is None or str(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops."):
+            continue
+        printed = _PRINTED_NAMES.findall(index.node_meta[i].get("pkg.torch.onnx.fx_node", ""))[1:]
+        if list(dict.fromkeys(printed)) == [n.name for n in node.all_input_nodes]:
+            ok += 1
     return ok, len(named)
 
 
@@ -178,7 +192,21 @@ class Prepared:
         if hit is None:
             hit = (runtime, runtime.compile(build()))
             self._compiled[full] = hit
+        if isinstance(hit[1], Future):
+            try:
+                return hit[1].result()
+            except BaseException:
+                self._compiled.pop(full, None)  # compiled again (and failing again) in the caller's thread
+                raise
         return hit[1]
+
+    def compile_ahead(self, runtime: Runtime, pieces: list[tuple[tuple, Callable[[], onnx.ModelProto]]]) -> None:
+        """Compile pieces not compiled yet in a background thread, in order: onnxruntime builds a
+        session without holding the GIL, so the coming segments compile while the FX side runs."""
+        for key, build in pieces:
+            full = (runtime.name, id(runtime)) + key
+            if full not in self._compiled:
+                self._compiled[full] = (runtime, _compiler().submit(lambda b=build: runtime.compile(b())))
 
     # -- names -----------------------------------------------------------------------------------
     def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
@@ -505,14 +533,32 @@ class _Run:
         return rec
 
     # -- the ONNX side ---------------------------------------------------------------------------
+    def _segment_piece(self, seg: Segment, types: dict[str, int]) -> tuple[tuple, Callable[[], onnx.ModelProto]]:
+        key = ("seg", seg.start, seg.end, tuple(sorted(types.items())))
+        return key, lambda: segment_model(self.p.index, seg, types)
+
+    def _compile_ahead(self) -> None:
+        """Start compiling every segment of this run, typed as the ONNX model declares its values (a
+        segment fed other types at run time is compiled again for them)."""
+        if not getattr(self.rt, "compiles_in_background", False):
+            return
+        p = self.p
+        pieces = []
+        for a, b in self.ranges:
+            seg = p.segment(a, b)
+            types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
+            if seg.outputs and len(types) == len(seg.inputs) and all(types.values()):
+                pieces.append(self._segment_piece(seg, types))
+        p.compile_ahead(self.rt, pieces)
+
     def _run_segment(self, seg: Segment) -> float:
         feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
         begin = time.perf_counter()
         if len(feeds) == len(seg.inputs) and seg.outputs:
             types = {x: numpy_elem_type(a) for x, a in feeds.items()}
-            key = ("seg", seg.start, seg.end, tuple(sorted(types.items())))
+            key, build = self._segment_piece(seg, types)
             try:
-                fn = self.p.compiled(self.rt, key, lambda: segment_model(self.p.index, seg, types))
+                fn = self.p.compiled(self.rt, key, build)
                 outs = fn(feeds, seg.outputs)
             except Exception:  # an op the runtime cannot run: find it node by node
                 outs = None
@@ -722,6 +768,7 @@ class _Run:
     def records(self) -> Iterator[Record]:
         p = self.p
         self.runner.feed(self.flat)
+        self._compile_ahead()
         yield from self._input_records()
         yield from self._weight_records()
         for s, (a, b) in enumerate(self.ranges):
@@ -795,6 +842,17 @@ class _Run:
                                     self._onnx_value(onnx_name))
                 self._check_exc(rec)
             yield rec
+
+
+_COMPILER: ThreadPoolExecutor | None = None
+
+
+def _compiler() -> ThreadPoolExecutor:
+    """One background thread for compiling ahead (sessions are built one at a time, like before)."""
+    global _COMPILER
+    if _COMPILER is None:
+        _COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbs-compile")
+    return _COMPILER
 
 
 def _load_malloc_trim():

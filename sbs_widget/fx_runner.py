@@ -54,6 +54,21 @@ def check_inputs(program: torch.export.ExportedProgram, flat: list) -> None:
                                  f"{tuple(expected.shape)} (symbolic dimensions may vary)")
 
 
+SMALL_OP_ELEMENTS = 1 << 16
+
+
+def _output_numel(node: torch.fx.Node) -> int:
+    val = node.meta.get("val")
+    total = 0
+    for v in val if isinstance(val, (tuple, list)) else [val]:
+        if isinstance(v, torch.Tensor):
+            n = 1
+            for d in v.shape:
+                n *= d if isinstance(d, int) else SMALL_OP_ELEMENTS  # symbolic: assume big
+            total += n
+    return total
+
+
 class FxRunner:
     """Steps through ``program.graph``; ``env`` maps node names to values."""
 
@@ -63,6 +78,9 @@ class FxRunner:
         self.nodes = list(program.graph.nodes)
         self.env: dict[str, object] = {}
         self.position = 0
+        # Nodes on small tensors run on one thread: torch's idle threads spin after each parallel op
+        # and, on a small machine, steal the cores the ONNX side (compiling ahead) needs.
+        self.small = {i for i, n in enumerate(self.nodes) if _output_numel(n) < SMALL_OP_ELEMENTS}
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -87,13 +105,20 @@ class FxRunner:
         else:
             args = map_arg(node.args, self._get)
             kwargs = map_arg(node.kwargs, self._get)
+            small = self.position - 1 in self.small
+            threads = torch.get_num_threads()
             try:
+                if small and threads > 1:
+                    torch.set_num_threads(1)
                 # No autograd: saved tensors would keep every intermediate alive.
                 with torch.no_grad():
                     value = self._call(node, args, kwargs)
             except Exception as e:
                 raise RuntimeError(f"while executing FX node {node.name!r} ({node.target}): "
                                    f"{type(e).__name__}: {e}") from e
+            finally:
+                if small and threads > 1:
+                    torch.set_num_threads(threads)
         seconds = time.perf_counter() - begin
         self.env[node.name] = value
         return node, value, seconds

@@ -49,6 +49,10 @@ def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
     return ValueType(tt.elem_type, shape)
 
 
+# Ops with graph attributes (reading every node's attributes to find them costs more than the rest).
+_WITH_SUBGRAPHS = {"If", "Loop", "Scan", "SequenceMap"}
+
+
 def subgraph_outer_inputs(node: onnx.NodeProto) -> list[str]:
     """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
     outer: list[str] = []
@@ -101,7 +105,9 @@ class OnnxIndex:
             if init.metadata_props:
                 idx.value_meta.setdefault(init.name, {}).update({p.key: p.value for p in init.metadata_props})
         for i, node in enumerate(idx.nodes):
-            ins = [x for x in node.input if x] + [x for x in subgraph_outer_inputs(node) if x not in node.input]
+            ins = [x for x in node.input if x]
+            if node.op_type in _WITH_SUBGRAPHS:
+                ins += [x for x in subgraph_outer_inputs(node) if x not in node.input]
             idx.node_inputs.append(ins)
             for x in ins:
                 idx.consumers.setdefault(x, []).append(i)

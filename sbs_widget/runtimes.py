@@ -22,7 +22,8 @@ Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 
 @runtime_checkable
 class Runtime(Protocol):
-    """What the engine needs from a runtime."""
+    """What the engine needs from a runtime. Optional: ``compiles_in_background = True`` lets the engine
+    compile the coming segments in a background thread (``compile`` must then be thread-safe)."""
 
     name: str
 
@@ -36,6 +37,7 @@ class OnnxruntimeRuntime:
     is the one computed (ORT fusions would otherwise remove them)."""
 
     name = "onnxruntime"
+    compiles_in_background = True  # InferenceSession releases the GIL while it builds
 
     def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 0):
         import onnxruntime
