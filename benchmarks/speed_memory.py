@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -70,12 +71,27 @@ class PeakRss:
         return self.peak - self.base
 
 
-def _export(name: str):
-    from sbs_widget import zoo
+def _export(name: str, cache: str):
+    """(user EP, decomposed EP, ONNX model, args, kwargs): exported once per benchmark run into
+    ``cache`` (exporting costs ~50 s), loaded by every measuring subprocess."""
+    import onnx
+    import torch
 
-    with contextlib.redirect_stderr(io.StringIO()):
-        ep, prog, args, kwargs = zoo.export("llama", optimize=True, **MODELS[name])
-    return ep, prog, args, kwargs
+    paths = {k: os.path.join(cache, f"{name}.{k}") for k in ("user.pt2", "decomposed.pt2", "onnx", "inputs.pt")}
+    if not all(os.path.exists(p) for p in paths.values()):
+        from sbs_widget import zoo
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            ep, prog, args, kwargs = zoo.export("llama", optimize=True, **MODELS[name])
+        torch.export.save(ep, paths["user.pt2"])
+        torch.export.save(prog.exported_program, paths["decomposed.pt2"])
+        onnx.save(prog.model_proto, paths["onnx"])
+        torch.save((args, kwargs), paths["inputs.pt"])
+    import transformers.modeling_outputs  # noqa: F401  (registers the output classes with pytree)
+
+    args, kwargs = torch.load(paths["inputs.pt"], weights_only=True)
+    return (torch.export.load(paths["user.pt2"]), torch.export.load(paths["decomposed.pt2"]),
+            onnx.load(paths["onnx"]), args, kwargs)
 
 
 def _live_set_bytes(program) -> tuple[int, int]:
@@ -165,15 +181,16 @@ def _warm_up() -> None:
     gc.collect()
 
 
-def measure(mode: str, name: str) -> dict:
+def measure(mode: str, name: str, cache: str) -> dict:
     warnings.simplefilter("ignore")
     import torch
 
-    ep, prog, args, kwargs = _export(name)
+    ep, decomposed, model, args, kwargs = _export(name, cache)
     _warm_up()
-    decomposed, model = prog.exported_program, prog.model_proto
     out: dict = {"mode": mode, "model": name}
-    if mode == "floor":
+    if mode == "export":
+        out["seconds"] = 0.0
+    elif mode == "floor":
         with PeakRss() as mem:
             out["seconds"] = _floor(decomposed, model, args, kwargs)
         out["rss_above"] = mem.above
@@ -224,8 +241,8 @@ def measure(mode: str, name: str) -> dict:
 
 # -- driver ---------------------------------------------------------------------------------------
 
-def _spawn(mode: str, name: str) -> dict:
-    cmd = [sys.executable, __file__, "--one", mode, "--models", name]
+def _spawn(mode: str, name: str, cache: str) -> dict:
+    cmd = [sys.executable, __file__, "--one", mode, "--models", name, "--cache", cache]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not line:
@@ -239,10 +256,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-reference", action="store_true", help="skip onnx-diagnostic")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help="folder for the exported models (default: a fresh temporary one)")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, args.models)))
+        print(json.dumps(measure(args.one, args.models, args.cache)))
         return 0
+    cache = args.cache or tempfile.mkdtemp(prefix="sbs_bench_")
     modes = ["floor", "ours", "ours_local", "decompose"]
     if not args.no_reference:
         try:
@@ -252,12 +271,13 @@ def main(argv=None) -> int:
             print("onnx-diagnostic is not installed (pip install -e '.[bench]'): skipped", file=sys.stderr)
     rows = []
     for name in args.models.split(","):
+        _spawn("export", name, cache)
         runs: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(args.repeat):
             for mode in modes:  # interleaved: each repeat measures every mode under the same load
                 if mode == "reference" and r > 0 and name != "tiny":
                     continue  # slow; one run is enough on the bigger model
-                runs[mode].append(_spawn(mode, name))
+                runs[mode].append(_spawn(mode, name, cache))
                 print(f"  {name} {mode} #{r}: {runs[mode][-1]['seconds']:.3f}s", file=sys.stderr, flush=True)
         med = {m: statistics.median(x["seconds"] for x in v) for m, v in runs.items() if v}
         floor = runs["floor"][0]

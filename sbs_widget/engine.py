@@ -32,7 +32,7 @@ import torch
 from . import records as R
 from .align import Alignment, align, onnx_elem_type
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
-from .fx_runner import FxRunner, check_inputs, flat_inputs, last_uses
+from .fx_runner import FxRunner, check_inputs, flat_inputs, last_uses, small_nodes
 from .loading import (
     decompose_as_exporter,
     is_onnx_program,
@@ -101,6 +101,7 @@ class Prepared:
         self.fx_nodes = list(graph.nodes)
         self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
         self.fx_last_use = last_uses(graph)
+        self.small_fx_nodes = small_nodes(self.fx_nodes)
         self.n_fx_nodes = sum(1 for n in self.fx_nodes if n.op == "call_function")
         self.n_onnx_nodes = len(self.index.nodes)
         n = len(self.index.nodes)
@@ -323,7 +324,7 @@ class _Run:
         self.atol, self.rtol, self.reset = atol, rtol, reset
         self.node_local, self.exc, self.progress = node_local, exc, progress
         self.histogram = histogram
-        self.runner = FxRunner(p.decomposed_ep)
+        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes)
         self.onnx_env: dict[str, object] = {}
         self.onnx_shapes: dict[str, tuple] = {}
         self.onnx_errors: dict[str, str] = {}

@@ -69,18 +69,24 @@ def _output_numel(node: torch.fx.Node) -> int:
     return total
 
 
+def small_nodes(nodes: list[torch.fx.Node]) -> set[int]:
+    """Positions of nodes on small tensors, run on one thread: torch's idle threads spin after each
+    parallel op and, on a small machine, steal the cores the ONNX side (compiling ahead) needs."""
+    return {i for i, n in enumerate(nodes) if _output_numel(n) < SMALL_OP_ELEMENTS}
+
+
 class FxRunner:
     """Steps through ``program.graph``; ``env`` maps node names to values."""
 
-    def __init__(self, program: torch.export.ExportedProgram):
+    def __init__(self, program: torch.export.ExportedProgram, small: set[int] | None = None):
         self.program = program
         self.module = program.graph_module
         self.nodes = list(program.graph.nodes)
         self.env: dict[str, object] = {}
         self.position = 0
-        # Nodes on small tensors run on one thread: torch's idle threads spin after each parallel op
-        # and, on a small machine, steal the cores the ONNX side (compiling ahead) needs.
-        self.small = {i for i, n in enumerate(self.nodes) if _output_numel(n) < SMALL_OP_ELEMENTS}
+        self.small = small_nodes(self.nodes) if small is None else small
+
+
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]

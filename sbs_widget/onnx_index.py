@@ -130,11 +130,14 @@ class OnnxIndex:
         scopes = self.node_meta[i].get("pkg.torch.onnx.name_scopes")
         if not scopes:
             return ""
-        try:
-            parts = ast.literal_eval(scopes)
-        except (ValueError, SyntaxError):
-            return ""
-        return parts[-2] if len(parts) >= 2 else ""
+        cache = self.__dict__.setdefault("_scopes", {})
+        if scopes not in cache:
+            try:
+                parts = ast.literal_eval(scopes)
+            except (ValueError, SyntaxError):
+                parts = []
+            cache[scopes] = parts[-2] if len(parts) >= 2 else ""
+        return cache[scopes]
 
     def folded_from(self, value: str) -> list[str]:
         """Values a constant-folded initializer was computed from (onnxscript's metadata)."""
