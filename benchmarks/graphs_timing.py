@@ -47,11 +47,22 @@ def build_page(layers: int, optimize: bool, folder: pathlib.Path) -> pathlib.Pat
     return path
 
 
+def _with_current_bundle(path: pathlib.Path) -> pathlib.Path:
+    """A kept page, its inlined script replaced by the current build of the front end."""
+    from sbs_widget import graphs_html
+
+    head, _, _ = path.read_text(encoding="utf-8").partition('<script type="module">')
+    script = graphs_html._BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")
+    path.write_text(f'{head}<script type="module">{script}</script>\n</body></html>\n', encoding="utf-8")
+    return path
+
+
 def measure(page, url: str, shots: pathlib.Path | None, tag: str) -> dict:
     page.goto(url)
     page.wait_for_function("document.querySelectorAll('.sbsg-pane[data-renders]').length == 2", timeout=60000)
     out = {"first_ms": float(page.evaluate("document.querySelector('.sbsg').dataset.firstMs")),
            "both_ms": page.evaluate("performance.now()")}
+    out["marks"] = page.evaluate("performance.getEntriesByType('mark').map(m => `${m.name}@${Math.round(m.startTime)}`).join(' ')")
     if shots:
         page.screenshot(path=str(shots / f"{tag}_collapsed.png"))
     boxes = page.eval_on_selector_all(".sbsg-pane:first-child g.node[data-id^='cluster:']",
@@ -86,13 +97,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--out", help="folder for screenshots")
+    parser.add_argument("--pages", help="folder keeping the built pages: reused when present (building exports twice)")
+    parser.add_argument("--marks", action="store_true", help="print the page's performance marks")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     from playwright.sync_api import sync_playwright
 
-    folder = pathlib.Path(tempfile.mkdtemp())
+    folder = pathlib.Path(args.pages or tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
     shots = pathlib.Path(args.out) if args.out else None
-    pages = {opt: build_page(args.layers, opt, folder) for opt in (True, False)}
+    pages = {}
+    for opt in (True, False):
+        path = folder / f"llama{args.layers}_{'opt' if opt else 'raw'}.html"
+        pages[opt] = _with_current_bundle(path) if args.pages and path.exists() else \
+            build_page(args.layers, opt, folder)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
         for opt, path in pages.items():
@@ -102,6 +120,8 @@ def main(argv=None) -> int:
                   f"expand a cluster {r['expand_ms']:.0f} ms, pan/zoom frames median "
                   f"{r['frame_median_ms']:.1f} ms max {r['frame_max_ms']:.1f} ms, expand all "
                   f"{r['expand_all_ms']:.0f} ms", flush=True)
+            if args.marks:
+                print("  marks:", r["marks"], flush=True)
             page.close()
         browser.close()
     return 0

@@ -24,6 +24,6 @@ export function createStaticModel({ state, runs }) {
 }
 
 /** Mount the view in a plain page. data: {state: {trait: value}, runs: {id: [[row values]...]}} */
-export function renderStatic(el, data, mountGraphs) {
-  return createView({ model: createStaticModel(data), el, mountGraphs });
+export function renderStatic(el, data, mountGraphs, prewarmGraphs) {
+  return createView({ model: createStaticModel(data), el, mountGraphs, prewarmGraphs });
 }

@@ -16,7 +16,7 @@ import { createCulpritsPanel } from "./culprits.js";
 import { toCSV } from "./csv.js";
 
 
-export function createView({ model, el, mountGraphs }) {
+export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const t0 = performance.now();
   const live = !model.get("_static");
   const disposers = [];
@@ -260,6 +260,8 @@ export function createView({ model, el, mountGraphs }) {
     onSelect: (cb) => { selectListeners.add(cb); return () => selectListeners.delete(cb); },
   };
   let graphsMounted = false;
+  // Pointing at "Graphs" announces a click: start Graphviz's workers now, not after it.
+  graphsBox.firstChild.addEventListener("pointerenter", () => prewarmGraphs?.(), { once: true });
   graphsBox.addEventListener("toggle", () => {
     if (!graphsBox.open || graphsMounted || !mountGraphs) return;
     graphsMounted = true;

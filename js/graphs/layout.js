@@ -35,6 +35,27 @@ self.onmessage = async (event) => {
   }
 };`;
 
+function startWorker(source) {
+  const url = URL.createObjectURL(new Blob([source, WORKER_GLUE], { type: "text/javascript" }));
+  try {
+    return new Worker(url);
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+}
+
+const warm = []; // workers started ahead of any graph, handed to the next layouts created
+
+/** Start `n` layout workers now (Graphviz takes ~1 s to start in a worker: decode, compile the wasm),
+ * so that graphs shown later appear at layout speed. Safe to call many times. */
+export function prewarmLayout(n = 2) {
+  vizSource()
+    .then((source) => {
+      while (warm.length < n) warm.push(startWorker(source));
+    })
+    .catch(() => {}); // no workers here: createLayout falls back to the main thread
+}
+
 /** A layout engine: `render(dot) -> Promise<svg string>`, `dispose()`. One per graph pane, so both
  * panes lay out in parallel and a slow layout of one never delays the other. */
 export function createLayout() {
@@ -45,9 +66,7 @@ export function createLayout() {
   const ready = (async () => {
     const source = await vizSource();
     try {
-      const url = URL.createObjectURL(new Blob([source, WORKER_GLUE], { type: "text/javascript" }));
-      worker = new Worker(url);
-      URL.revokeObjectURL(url);
+      worker = warm.shift() ?? startWorker(source);
       worker.onmessage = ({ data }) => {
         if (data.ready) return void performance.mark("sbsg:layout-worker-ready");
         const p = pending.get(data.id);

@@ -2,6 +2,7 @@
 // page, shows a small records table and the linked graphs. Works offline from a file:// URL.
 import { colorFor } from "./colors.js";
 import { mountGraphs } from "./index.js";
+import { prewarmLayout } from "./layout.js";
 
 const TABLE_CSS = `
 body { margin: 12px; font: 13px system-ui, sans-serif; }
@@ -15,6 +16,7 @@ h1 { font-size: 16px; margin: 0 0 6px; }
 `;
 
 function main() {
+  prewarmLayout(2); // Graphviz starts in its workers while the page parses its data and builds the table
   const data = JSON.parse(document.getElementById("sbs-graphs-data").textContent);
   const style = document.createElement("style");
   style.textContent = TABLE_CSS;
