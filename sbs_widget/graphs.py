@@ -19,7 +19,7 @@ from typing import Iterable
 import graphviz
 
 from .graphs_spec import GraphSpec, fx_spec, onnx_spec
-from .records import ERROR, MISMATCH, OK, ONE_SIDED, RESET, Record
+from .records import ERROR, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
 
@@ -58,13 +58,15 @@ def fx_graph(ep, records: Iterable[Record] | None = None) -> graphviz.Digraph:
 
     Give the *decomposed* program (``onnx_program.exported_program``): records name its nodes.
     """
-    spec = fx_spec(ep)
+    records = list(records or ())
+    spec = fx_spec(ep, failed_weights(records)[0])
     return _digraph(spec, _paint(spec, records))
 
 
 def onnx_graph(onx, records: Iterable[Record] | None = None) -> graphviz.Digraph:
     """The ONNX graph of ``onx`` (ModelProto, ONNXProgram or .onnx path) as a ``graphviz.Digraph``."""
-    spec = onnx_spec(onx)
+    records = list(records or ())
+    spec = onnx_spec(onx, failed_weights(records)[1])
     return _digraph(spec, _paint(spec, records))
 
 
@@ -79,11 +81,18 @@ def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str,
     else:
         ep, onx = prepared.decomposed_ep, prepared.onnx_model
     records = list(records or ())
+    fx_weights, onnx_weights = failed_weights(records)
     out = []
-    for spec in (fx_spec(ep), onnx_spec(onx)):
+    for spec in (fx_spec(ep, fx_weights), onnx_spec(onx, onnx_weights)):
         header = SPEC_MARKER + json.dumps(spec.to_json(), separators=(",", ":"))  # ASCII: no newline inside
         out.append(_digraph(spec, _paint(spec, records), comment=header).source)
     return out[0], out[1]
+
+
+def failed_weights(records: list[Record]) -> tuple[set[str], set[str]]:
+    """FX placeholders and ONNX initializers whose comparison failed: the weights worth a box."""
+    bad = [r for r in records if r.kind == KIND_WEIGHT and r.status in (MISMATCH, ERROR)]
+    return {r.ep_name for r in bad if r.ep_name}, {r.onnx_name for r in bad if r.onnx_name}
 
 
 def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
@@ -152,7 +161,7 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
             n = spec.nodes[i]
             attrs = {"label": n["label"], "tooltip": n["label"], **_node_style(*paint.get(n["id"], (None, None)))}
             if n["kind"] != "node":
-                attrs["shape"] = "ellipse"
+                attrs["shape"] = "cylinder" if n["kind"] == "weight" else "ellipse"
             lines.append(f"{indent}{quote(n['id'])} [{_attrs(attrs)}]")
 
     emit(-1, "\t")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from .errors import InputError
 
@@ -52,18 +53,28 @@ class GraphSpec:
         return index
 
 
-def fx_spec(ep) -> GraphSpec:
+def fx_spec(ep, weights: Iterable[str] = ()) -> GraphSpec:
     """Nodes of an ExportedProgram: user inputs, every call_function and the output.
 
-    Parameters, buffers and lifted constants are left out: they have no ONNX node to link to and would
-    double the node count of a transformer.
+    Parameters, buffers and lifted constants are left out (they would double the node count of a
+    transformer), except the placeholders named in ``weights``: the ones whose comparison failed, drawn
+    next to their first reader so that a wrong weight has a place in the graph.
     """
     ep = _as_exported_program(ep)
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
+    weights = set(weights)
+    keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
     spec = GraphSpec("fx")
     index: dict = {}
     for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in weights:
+            reader = next(iter(node.users), None)
+            chain = _fx_module_chain(reader.meta.get("nn_module_stack")) if reader is not None else []
+            index[node] = len(spec.nodes)
+            spec.nodes.append({"id": f"fx:{node.name}", "name": node.name, "label": keys.get(node.name, node.name),
+                               "op": "weight", "kind": "weight", "cluster": spec.cluster_of(chain)})
+            continue
         if node.op == "placeholder":
             if node.name not in user_inputs:
                 continue
@@ -85,17 +96,35 @@ def fx_spec(ep) -> GraphSpec:
     return spec
 
 
-def onnx_spec(onx) -> GraphSpec:
+def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
     """Nodes of an ONNX model: graph inputs, every node of the main graph, graph outputs.
 
-    Initializers and ``Constant`` nodes are left out (see ``fx_spec``). Unnamed or duplicated node names get a stable suffix
-    from the node's index so that every id is unique.
+    Initializers and ``Constant`` nodes are left out (see ``fx_spec``), except the initializers named in
+    ``weights``. Unnamed or duplicated node names get a stable suffix from the node's index so that
+    every id is unique.
     """
     onx = _as_model_proto(onx)
     graph = onx.graph
     spec = GraphSpec("onnx")
     producer: dict[str, int] = {}
     initializers = {i.name for i in graph.initializer}
+    wanted = set(weights) & initializers
+    if wanted:
+        first_reader = {}
+        for node in graph.node:
+            for v in node.input:
+                if v in wanted and v not in first_reader:
+                    first_reader[v] = node
+        for init in graph.initializer:
+            if init.name in wanted:
+                reader = first_reader.get(init.name)
+                scopes = next((p.value for p in reader.metadata_props if p.key == "pkg.torch.onnx.name_scopes"),
+                              None) if reader is not None else None
+                producer[init.name] = len(spec.nodes)
+                spec.nodes.append({"id": f"onnx-init:{init.name}", "name": init.name, "label": init.name,
+                                   "op": "weight", "kind": "weight",
+                                   "cluster": spec.cluster_of(_onnx_module_chain(scopes)),
+                                   "outputs": [init.name], "links": []})
     for inp in graph.input:
         if inp.name in initializers:
             continue

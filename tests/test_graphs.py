@@ -265,3 +265,30 @@ def test_cli_writes_a_painted_page(tmp_path, program, capsys):
     assert status["linear_4"] == "mismatch" and status["linear_3"] == "ok"
     assert f'fillcolor="{error_color(max(r["err_abs"] for r in data["rows"] if r["ep_name"] == "linear_4"))}"' \
         in node_line(data["fx_dot"], "fx:linear_4")
+
+
+def test_a_wrong_weight_gets_a_box_on_both_sides(ep, onx):
+    """A corrupted initializer: the real engine flags its weight record, and both graphs draw that
+    weight (only that one) next to the node reading it, painted by its error."""
+    from sbs_widget import faults
+    from sbs_widget.engine import prepare
+
+    inits = [i for i in onx.graph.initializer if i.name.endswith("fc1.bias")]
+    assert inits, [i.name for i in onx.graph.initializer]
+    bad = faults.perturb_initializer(onx, inits[0].name, scale=0.5)
+    model, inputs = sbs_widget.dummy_llm()
+    records = list(prepare(ep, bad).run(inputs))
+    weight = next(r for r in records if r.kind == "weight" and r.onnx_name == inits[0].name)
+    assert weight.status == "mismatch"
+    fx_dot, onnx_dot = dot_sources((ep, bad), records)
+    fx_line = node_line(fx_dot, f"fx:{weight.ep_name}")
+    onnx_line = node_line(onnx_dot, f"onnx-init:{weight.onnx_name}")
+    for line in (fx_line, onnx_line):
+        assert "shape=cylinder" in line.replace("\"", "") and f'fillcolor="{error_color(weight.err_abs)}"' in line
+    assert sum("shape=\"cylinder\"" in line for line in fx_dot.splitlines()) == 1
+    assert sum("shape=\"cylinder\"" in line for line in onnx_dot.splitlines()) == 1
+    # drawn inside the module that reads it, with an edge to its reader
+    spec = json.loads(onnx_dot.splitlines()[0].split(SPEC_MARKER, 1)[1])
+    box = next(i for i, n in enumerate(spec["nodes"]) if n["id"] == f"onnx-init:{weight.onnx_name}")
+    assert spec["clusters"][spec["nodes"][box]["cluster"]]["path"].endswith("feed_forward.fc1")
+    assert any(a == box for a, _ in spec["edges"])

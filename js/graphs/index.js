@@ -279,9 +279,8 @@ export function mountGraphs(ctx) {
       }
       const path = errorPath(sides[sel.side].g, sides[sel.side].paint, sel.idx);
       const pathNodes = own ? path : path.flatMap((i) => linked(sel.side, i));
-      const rep = s.view.repOf;
-      const edgeKeys = own ? path.slice(1).map((p, k) => `${rep[p]}->${rep[path[k]]}`) : [];
-      s.pane.mark("sbsg-path", keysOf(side, { nodes: pathNodes }), edgeKeys);
+      const { edgeKeys, stubKeys } = own ? pathEdges(s.view, path) : { edgeKeys: [], stubKeys: [] };
+      s.pane.mark("sbsg-path", [...keysOf(side, { nodes: pathNodes }), ...stubKeys], edgeKeys);
     }
   }
 
@@ -328,6 +327,21 @@ export function mountGraphs(ctx) {
     for (const side of SIDES) sides[side].layout.dispose();
     root.remove();
   };
+}
+
+/** Drawn edges along `path` (node indices, downstream first); an edge drawn through a stub marks the
+ * stub and its edge. */
+export function pathEdges(view, path) {
+  const edgeKeys = [];
+  const stubKeys = [];
+  const rep = view.repOf;
+  path.slice(1).forEach((p, k) => {
+    const edge = `${rep[p]}->${rep[path[k]]}`;
+    const stub = view.stubs?.get(edge);
+    if (stub) (stubKeys.push(stub), edgeKeys.push(`${stub}->${rep[path[k]]}`));
+    else edgeKeys.push(edge);
+  });
+  return { edgeKeys, stubKeys };
 }
 
 function legend(colorFor) {

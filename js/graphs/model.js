@@ -203,7 +203,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
       place(clusters[idx].parent, `${key} [label=${quote(label)} shape=box3d style="filled" fillcolor=${quote(fill(p, colorFor))}]`);
     } else {
       const x = g.nodes[idx];
-      const shape = x.kind === "node" ? "" : " shape=ellipse";
+      const shape = x.kind === "node" ? "" : x.kind === "weight" ? " shape=cylinder" : " shape=ellipse";
       place(x.cluster, `${key} [label=${quote(x.label)}${shape} fillcolor=${quote(fill(paint[idx], colorFor))}]`);
     }
   }
@@ -231,6 +231,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
   // layer: dot then spends seconds crossing them (6 s instead of 1.5 s on a 16-layer LLaMA). Each reader
   // gets a small stub named after the source instead; `proxies` maps a stub to the box it stands for.
   const proxies = new Map();
+  const stubs = new Map(); // "source->target" drawn through a stub -> the stub's key
   const labelOf = (key) => (key[0] === "c" ? clusterLabel(g, Number(key.slice(1))) : g.nodes[Number(key.slice(1))].name);
   for (const [ra, targets] of edges) {
     if (targets.size < broadcast) {
@@ -240,12 +241,13 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
     for (const rb of targets) {
       const key = `p${proxies.size}`;
       proxies.set(key, ra);
+      stubs.set(`${ra}->${rb}`, key);
       lines.push(`${key} [label=${quote(labelOf(ra))} shape=cds style=filled fillcolor="#f0f0f0" fontsize=7 height=0.2]`);
       lines.push(`${key}->${rb}`);
     }
   }
   lines.push("}");
-  return { repOf, proxies, dot: lines.join("\n") };
+  return { repOf, proxies, stubs, dot: lines.join("\n") };
 }
 
 function roots(g) {

@@ -113,6 +113,24 @@ test("a value read by many boxes gets one stub per reader instead of long edges"
   assert.doesNotMatch(dot, /n0->/);
 });
 
+test("an error path through a stub marks the stub and its edge", async () => {
+  const { pathEdges } = await import("./index.js");
+  const view = buildView(fx, { colorFor, broadcast: 2 }); // x -> add is drawn as p1 -> n3
+  const path = [3, 0]; // add's error starts at x (downstream first)
+  assert.deepEqual(pathEdges(view, path), { edgeKeys: ["p1->n3"], stubKeys: ["p1"] });
+  const plain = buildView(fx, { colorFor });
+  assert.deepEqual(pathEdges(plain, [2, 1]), { edgeKeys: ["n1->n2"], stubKeys: [] });
+});
+
+test("a weight is drawn as a cylinder", () => {
+  const spec = structuredClone(FX);
+  spec.nodes.push({ id: "fx:p_w", name: "p_w", label: "fc.weight", kind: "weight", cluster: 1 });
+  spec.edges.push([5, 1]);
+  const { dot } = buildView(indexGraph(spec), { colorFor });
+  assert.match(dot, /n5 \[label="fc.weight" shape=cylinder/);
+  assert.match(dot, /n5->n1/);
+});
+
 test("neighbourhood view keeps only the chosen nodes and ignores collapsing", () => {
   const { repOf, dot } = buildView(fx, { collapsed: new Set([0]), only: new Set([1, 2]), colorFor });
   assert.deepEqual(repOf, [null, "n1", "n2", null, null]);
