@@ -82,10 +82,13 @@ export function mountGraphs(ctx) {
       s.pane.message("No graph yet.");
       return;
     }
+    performance.mark(`sbsg:parsed-${side}`);
     s.g = indexGraph(spec);
     s.collapsed = defaultCollapsed(s.g);
     repaintData(side);
+    performance.mark(`sbsg:painted-${side}`);
     render(side, { fit: true });
+    performance.mark(`sbsg:view-${side}`);
   }
 
   function repaintData(side) {
@@ -100,6 +103,7 @@ export function mountGraphs(ctx) {
   async function render(side, { fit = false, centerOn = null } = {}) {
     const s = sides[side];
     if (!s.g) return;
+    performance.mark(`sbsg:render-${side}`);
     const only = state.hood && state.selected ? hoodOf(side) : null;
     s.view = buildView(s.g, { collapsed: s.collapsed, only, paint: s.paint, clusterPaint: s.clusterPaint, colorFor });
     const seq = ++s.renderSeq;
@@ -112,7 +116,9 @@ export function mountGraphs(ctx) {
       return;
     }
     if (seq !== s.renderSeq || state.disposed) return; // a newer view was asked for meanwhile
+    performance.mark(`sbsg:laid-out-${side}`);
     const info = s.pane.show(svg);
+    performance.mark(`sbsg:shown-${side}`);
     const idOf = (key) => {
       if (key[0] === "p") return `proxy:${idOf(s.view.proxies.get(key))}`;
       const i = Number(key.slice(1));
@@ -127,6 +133,9 @@ export function mountGraphs(ctx) {
     s.pane.box.dataset.renderMs = ms;
     s.pane.box.dataset.renders = Number(s.pane.box.dataset.renders || 0) + 1;
     if (!root.dataset.firstMs) root.dataset.firstMs = Math.round(performance.now() - t0);
+    // The element's own window's CustomEvent: the page's (or a test DOM's), not whatever global is in scope.
+    const Custom = root.ownerDocument.defaultView?.CustomEvent ?? CustomEvent;
+    root.dispatchEvent(new Custom("sbsg-rendered", { bubbles: true, detail: { side, ms } }));
     s.lastInfo = `${TITLES[side]}: ${info.nodes} boxes in ${ms} ms`;
     status.textContent = SIDES.map((x) => sides[x].lastInfo).filter(Boolean).join(" · ") +
       ` (${s.layout.mode()})`;

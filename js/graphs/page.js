@@ -8,14 +8,16 @@ const TABLE_CSS = `
 body { margin: 12px; font: 13px system-ui, sans-serif; }
 h1 { font-size: 16px; margin: 0 0 6px; }
 .sbsp-table { max-height: 260px; overflow: auto; border: 1px solid #ccc; margin-top: 8px; }
-.sbsp-table table { border-collapse: collapse; width: 100%; font: 12px ui-monospace, monospace; }
+.sbsp-table table { border-collapse: collapse; width: 100%; table-layout: fixed; font: 12px ui-monospace, monospace; }
 .sbsp-table th { position: sticky; top: 0; background: #f4f4f4; text-align: left; }
-.sbsp-table td, .sbsp-table th { padding: 1px 6px; border-bottom: 1px solid #eee; white-space: nowrap; }
+.sbsp-table td, .sbsp-table th { padding: 1px 6px; border-bottom: 1px solid #eee; white-space: nowrap;
+  overflow: hidden; text-overflow: ellipsis; }
 .sbsp-table tr.sbsp-selected td { outline: 2px solid #0050ff; outline-offset: -2px; }
 .sbsp-table tbody tr { cursor: pointer; }
 `;
 
 function main() {
+  performance.mark("sbsg:page-main");
   prewarmLayout(2); // Graphviz starts in its workers while the page parses its data and builds the table
   const data = JSON.parse(document.getElementById("sbs-graphs-data").textContent);
   const style = document.createElement("style");
@@ -40,8 +42,7 @@ function main() {
     tr?.scrollIntoView({ block: "nearest" });
     for (const cb of selectListeners) cb(i);
   };
-  if (rows.length) tableBox.append(table(rows, trs, select));
-  else tableBox.hidden = true;
+  if (!rows.length) tableBox.hidden = true;
 
   // The same object shape js/widget.js passes; the "model" only ever holds the two DOT strings.
   const model = { get: (name) => data[name], on() {}, off() {} };
@@ -49,28 +50,56 @@ function main() {
     model, el: graphs, colorFor, select, getRows: () => rows, onRows: () => () => {},
     onSelect: (cb) => (selectListeners.add(cb), () => selectListeners.delete(cb)),
   });
+  // The table waits for the graphs: building it holds the main thread, which both the layout workers'
+  // start and the drawing of their results need. Both panes drawn (or 3 s, whatever happens), it comes.
+  const drawn = new Set();
+  let built = false;
+  const build = () => built || !rows.length || ((built = true), table(tableBox, rows, trs, select, () => selected));
+  graphs.addEventListener("sbsg-rendered", (e) => drawn.add(e.detail.side).size === 2 && build());
+  setTimeout(build, 3000);
 }
 
-function table(rows, trs, select) {
+const COLUMNS = ["i", "status", "ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "module"];
+const WIDTHS = [4, 7, 18, 18, 18, 8, 8, 19]; // % of the width: a fixed layout costs nothing per row
+const CHUNK = 150;
+
+/** The records table, in small chunks: one long task of 10,000 cells (a 1,000-node model) would hold
+ * the main thread for ~0.6 s. */
+function table(box, rows, trs, select, selected) {
   const t = document.createElement("table");
-  const cols = ["i", "status", "ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "module"];
+  const cols = t.appendChild(document.createElement("colgroup"));
+  for (const w of WIDTHS) cols.appendChild(document.createElement("col")).style.width = `${w}%`;
   const head = t.createTHead().insertRow();
-  for (const c of cols) head.append(Object.assign(document.createElement("th"), { textContent: c }));
+  for (const c of COLUMNS) head.append(Object.assign(document.createElement("th"), { textContent: c }));
   const body = t.createTBody();
-  for (const r of rows) {
-    const tr = body.insertRow();
-    tr.dataset.row = r.i;
-    for (const c of cols) {
-      const td = tr.insertCell();
-      const v = r[c];
-      td.textContent = v === null || v === undefined ? "" : typeof v === "number" && c !== "i" ? v.toExponential(2) : String(v);
-      if (c === "err_abs") td.style.background = colorFor(r.err_abs, r.status);
-    }
-    // Our own select() also tells the graphs, which center on the pair.
-    tr.addEventListener("click", () => select(r.i));
-    trs.set(r.i, tr);
+  box.append(t);
+  let next = 0;
+  const chunk = () => {
+    const end = Math.min(rows.length, next + CHUNK);
+    const frag = document.createDocumentFragment();
+    for (; next < end; next++) frag.append(row(rows[next], trs, select));
+    body.append(frag);
+    trs.get(selected())?.classList.add("sbsp-selected");
+    if (next < rows.length) setTimeout(chunk, 0);
+    else box.dataset.built = "1";
+  };
+  chunk();
+}
+
+function row(r, trs, select) {
+  const tr = document.createElement("tr");
+  tr.dataset.row = r.i;
+  for (const c of COLUMNS) {
+    const td = tr.insertCell();
+    const v = r[c];
+    td.textContent = v === null || v === undefined ? "" : typeof v === "number" && c !== "i" ? v.toExponential(2) : String(v);
+    td.title = td.textContent;
+    if (c === "err_abs") td.style.background = colorFor(r.err_abs, r.status);
   }
-  return t;
+  // Our own select() also tells the graphs, which center on the pair.
+  tr.addEventListener("click", () => select(r.i));
+  trs.set(r.i, tr);
+  return tr;
 }
 
 main();

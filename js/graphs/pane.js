@@ -76,7 +76,7 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
       const [, , w, h] = (svg.getAttribute("viewBox") || "0 0 100 100").split(/\s+/).map(Number);
       svg.setAttribute("width", `${w}px`);
       svg.setAttribute("height", `${h}px`);
-      stage.replaceChildren(document.importNode(svg, true));
+      stage.replaceChildren(document.adoptNode(svg)); // moved, not copied: the parsed document is dropped
       items = new Map();
       clusters = new Map();
       edges = new Map();
