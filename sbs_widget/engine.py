@@ -461,9 +461,9 @@ class _Run:
             rec.comment = _join(rec.comment, f"cannot read the value: {err}")
             return None
         code = onnx_elem_type(expected.dtype) if isinstance(expected, torch.Tensor) else numpy_elem_type(e)
-        rec.ep_shape_type = f"T{code}s{'x'.join(map(str, e.shape))}"
+        rec.ep_shape_type = _shape_type(code, e.shape)
         g_code = numpy_elem_type(g)
-        rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _np_shape_type(g)
+        rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _shape_type(g_code, g.shape)
         if not same_shape(e, g):
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")
@@ -898,8 +898,18 @@ def _onnx_bytes(vt) -> int:
     return n * _ITEMSIZE.get(vt.elem_type, 4)
 
 
-def _np_shape_type(a: np.ndarray) -> str:
-    return f"T{numpy_elem_type(a)}s{'x'.join(str(d) for d in a.shape)}"
+_SHAPE_TYPES: dict[tuple, str] = {}
+
+
+def _shape_type(code: int, shape: tuple) -> str:
+    """``T1s2x16x64``: formatted once per distinct (type, shape), a model has few of them."""
+    key = (code, shape)
+    text = _SHAPE_TYPES.get(key)
+    if text is None:
+        if len(_SHAPE_TYPES) > 4096:
+            _SHAPE_TYPES.clear()
+        text = _SHAPE_TYPES[key] = f"T{code}s{'x'.join(map(str, shape))}"
+    return text
 
 
 def _join(a: str, b: str) -> str:

@@ -167,5 +167,9 @@ class OnnxIndex:
         return numpy_helper.to_array(self.initializers[name])
 
     def describe(self, value: str) -> str:
-        vt = self.types.get(value)
-        return vt.describe() if vt else "?"
+        cache = self.__dict__.setdefault("_described", {})  # one string per value, asked once per record
+        text = cache.get(value)
+        if text is None:
+            vt = self.types.get(value)
+            text = cache[value] = vt.describe() if vt else "?"
+        return text
