@@ -32,7 +32,7 @@ import torch
 from . import records as R
 from .align import Alignment, align, onnx_elem_type
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
-from .fx_runner import FxRunner, check_inputs, flat_inputs, last_uses, small_nodes
+from .fx_runner import FxRunner, check_inputs, example_tensors, flat_inputs, last_uses, numel_hint, small_nodes
 from .loading import (
     decompose_as_exporter,
     is_onnx_program,
@@ -135,9 +135,7 @@ class Prepared:
         values alive at once in an eager run: the yardstick segments are cut by."""
         fx_bytes: dict[str, int] = {}
         for node in self.fx_nodes:
-            val = node.meta.get("val")
-            vals = val if isinstance(val, (tuple, list)) else [val]
-            fx_bytes[node.name] = sum(_numel_hint(v) * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+            fx_bytes[node.name] = sum(numel_hint(v) * v.element_size() for v in example_tensors(node))
         alive, live, peak = {}, 0, 0
         for i, node in enumerate(self.fx_nodes):
             if node.op == "call_function":
@@ -873,17 +871,6 @@ def _return_freed_memory() -> None:
     segment freed back to the system, so that memory follows the values alive, not the run's history."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-
-
-def _numel_hint(t: torch.Tensor) -> int:
-    n = 1
-    for d in t.shape:
-        if isinstance(d, int):
-            n *= d
-        else:  # symbolic: its example value
-            hint = getattr(getattr(d, "node", None), "hint", None)
-            n *= int(hint) if hint is not None else 16
-    return n
 
 
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}

@@ -57,22 +57,28 @@ def check_inputs(program: torch.export.ExportedProgram, flat: list) -> None:
 SMALL_OP_ELEMENTS = 1 << 16
 
 
-def _output_numel(node: torch.fx.Node) -> int:
+def example_tensors(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The example tensors export recorded for a node's outputs (``meta['val']``)."""
     val = node.meta.get("val")
-    total = 0
-    for v in val if isinstance(val, (tuple, list)) else [val]:
-        if isinstance(v, torch.Tensor):
-            n = 1
-            for d in v.shape:
-                n *= d if isinstance(d, int) else SMALL_OP_ELEMENTS  # symbolic: assume big
-            total += n
-    return total
+    return [v for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
+
+
+def numel_hint(t: torch.Tensor) -> int:
+    """Number of elements, symbolic dimensions counted at their example value."""
+    n = 1
+    for d in t.shape:
+        if isinstance(d, int):
+            n *= d
+        else:
+            hint = getattr(getattr(d, "node", None), "hint", None)
+            n *= int(hint) if hint is not None else 16
+    return n
 
 
 def small_nodes(nodes: list[torch.fx.Node]) -> set[int]:
     """Positions of nodes on small tensors, run on one thread: torch's idle threads spin after each
     parallel op and, on a small machine, steal the cores the ONNX side (compiling ahead) needs."""
-    return {i for i, n in enumerate(nodes) if _output_numel(n) < SMALL_OP_ELEMENTS}
+    return {i for i, n in enumerate(nodes) if sum(map(numel_hint, example_tensors(n))) < SMALL_OP_ELEMENTS}
 
 
 class FxRunner:

@@ -49,7 +49,8 @@ def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
     return ValueType(tt.elem_type, shape)
 
 
-# Ops with graph attributes (reading every node's attributes to find them costs more than the rest).
+# Standard ops with graph attributes: only those (and custom-domain ops, which may have them) have their
+# attributes read; reading every node's attributes costs more than the rest of the index.
 _WITH_SUBGRAPHS = {"If", "Loop", "Scan", "SequenceMap"}
 
 
@@ -106,7 +107,7 @@ class OnnxIndex:
                 idx.value_meta.setdefault(init.name, {}).update({p.key: p.value for p in init.metadata_props})
         for i, node in enumerate(idx.nodes):
             ins = [x for x in node.input if x]
-            if node.op_type in _WITH_SUBGRAPHS:
+            if node.op_type in _WITH_SUBGRAPHS or node.domain not in ("", "ai.onnx"):
                 ins += [x for x in subgraph_outer_inputs(node) if x not in node.input]
             idx.node_inputs.append(ins)
             for x in ins:

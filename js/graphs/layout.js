@@ -19,8 +19,6 @@ async function unpack(base64) {
 const WORKER = `
 const unpack = ${unpack.toString()};
 const waiting = [];
-let serve = null;
-self.onmessage = (event) => (serve ? serve(event) : waiting.push(event));
 (async () => {
   const first = await new Promise((resolve) => { self.onmessage = (event) => {
     if (event.data && event.data.packed !== undefined) resolve(event.data.packed); else waiting.push(event); }; });
@@ -36,7 +34,7 @@ self.onmessage = (event) => (serve ? serve(event) : waiting.push(event));
     (error) => self.postMessage({ failed: String(error) }));
   const recent = new Map(); // DOT -> SVG of the last views: collapsing back is instant
   let warmed = false;
-  serve = async (event) => {
+  const serve = async (event) => {
     const { id, dot } = event.data;
     try {
       if (recent.has(dot)) return self.postMessage({ id, svg: recent.get(dot) });
