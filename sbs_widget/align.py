@@ -158,16 +158,37 @@ def _origin(node: torch.fx.Node, user_graph_id: int | None) -> str | None:
     return last if user_graph_id is None else (last or node.name)
 
 
+def _tensor_shape_type(val: torch.Tensor, cache: dict) -> str:
+    key = (val.dtype, tuple(val.shape))
+    try:
+        text = cache.get(key)
+    except TypeError:  # symbolic dimensions do not hash
+        return fx_shape_type(val)
+    if text is None:
+        text = cache[key] = fx_shape_type(val)
+    return text
+
+
 def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None) -> list[FxNodeInfo]:
     infos = []
+    targets: dict = {}  # target -> its name; str() of an op costs more than a lookup
+    shape_types: dict = {}  # (dtype, shape) -> text; a program has few distinct ones
     for i, node in enumerate(program.graph.nodes):
         val = node.meta.get("val")
+        call = node.op == "call_function"
+        if call:
+            target = targets.get(node.target)
+            if target is None:
+                target = targets[node.target] = str(node.target)
+        else:
+            target = node.op
+        is_tensor = isinstance(val, torch.Tensor)
         infos.append(FxNodeInfo(
-            index=i, name=node.name, op=node.op,
-            target=str(node.target) if node.op == "call_function" else node.op,
+            index=i, name=node.name, op=node.op, target=target,
             module=_module_path(node), stack_line=_stack_line(node),
-            origin=_origin(node, user_graph_id) if node.op == "call_function" else None,
-            shape_type=fx_shape_type(val), is_tensor=isinstance(val, torch.Tensor) or is_scalar(val),
+            origin=_origin(node, user_graph_id) if call else None,
+            shape_type=_tensor_shape_type(val, shape_types) if is_tensor else fx_shape_type(val),
+            is_tensor=is_tensor or is_scalar(val),
         ))
     return infos
 
@@ -257,7 +278,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             members = set(group)
             ends = []
             for i in group:
-                for o in index.nodes[i].output:
+                for o in index.node_outputs[i]:
                     if not o or o in al.onnx_to_fx:
                         continue
                     used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs

@@ -32,7 +32,8 @@ import torch
 from . import records as R
 from .align import Alignment, align, onnx_elem_type
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
-from .fx_runner import FxRunner, check_inputs, example_tensors, flat_inputs, last_uses, numel_hint, small_nodes
+from .fx_runner import (SMALL_OP_ELEMENTS, FxRunner, check_inputs, example_tensors, flat_inputs, last_uses,
+                        numel_hint)
 from .loading import (
     decompose_as_exporter,
     is_onnx_program,
@@ -59,24 +60,32 @@ Progress = Callable[[int, int, str], None]
 _PRINTED_NAMES = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
 
 
+AGREEMENT_SAMPLE = 128  # FX nodes checked in full (input names): enough to tell two programs apart
+
+
 def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex) -> tuple[int, int]:
     """How many FX nodes named by the ONNX metadata (``pkg.torch.onnx.fx_node`` holds the node as
-    ``format_node()`` prints it) exist in ``program`` so: same name, target and input nodes.
-    (Comparing those instead of the whole printed text is 10x cheaper and tells the same: a program
-    decomposed differently has other targets or other inputs.)"""
+    ``format_node()`` prints it) exist in ``program`` so: same name and target, and, for an evenly
+    spread sample of them, the same input nodes. (A program decomposed differently has other names,
+    targets or inputs all over the graph: checking every node's name and target, and a sample's
+    inputs, tells the same as comparing the whole printed text, for a fraction of the cost.)"""
     nodes = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
     named = {}
     for i, fx in enumerate(index.node_fx):
         if fx:
             named[fx] = i
+    items = list(named.items())
+    step = max(1, len(items) // AGREEMENT_SAMPLE)
     ok = 0
-    for fx, i in named.items():
+    for k, (fx, i) in enumerate(items):
         node = nodes.get(fx)
         if node is None or str(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops."):
             continue
-        printed = _PRINTED_NAMES.findall(index.node_meta[i].get("pkg.torch.onnx.fx_node", ""))[1:]
-        if list(dict.fromkeys(printed)) == [n.name for n in node.all_input_nodes]:
-            ok += 1
+        if k % step == 0:
+            printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
+            if list(dict.fromkeys(printed)) != [n.name for n in node.all_input_nodes]:
+                continue
+        ok += 1
     return ok, len(named)
 
 
@@ -101,7 +110,15 @@ class Prepared:
         self.fx_nodes = list(graph.nodes)
         self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
         self.fx_last_use = last_uses(graph)
-        self.small_fx_nodes = small_nodes(self.fx_nodes)
+        self.small_fx_nodes: set[int] = set()  # filled by _estimate_sizes
+        self.fx_plans: dict[int, tuple] = {}  # FxRunner's call plans, built by the first run
+        # After node i runs: the values it read for the last time, and its own if nothing reads it.
+        self.fx_frees: list[list[str]] = [[] for _ in self.fx_nodes]
+        for name, i in self.fx_last_use.items():
+            self.fx_frees[i].append(name)
+        for i, node in enumerate(self.fx_nodes):
+            if node.op == "call_function" and node.name not in self.fx_last_use:
+                self.fx_frees[i].append(node.name)
         self.n_fx_nodes = sum(1 for n in self.fx_nodes if n.op == "call_function")
         self.n_onnx_nodes = len(self.index.nodes)
         n = len(self.index.nodes)
@@ -111,6 +128,9 @@ class Prepared:
         for o in self.index.outputs:
             self.last_reader[o] = n
         self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
+        # FX values whose twin is a constant-folded initializer: compared right after they are computed
+        self.fx_folded = {fx for fx, pair in self.alignment.pairs.items()
+                          if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
         self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
         self.node_bytes, self.live_bytes = self._estimate_sizes()
         self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
@@ -118,6 +138,7 @@ class Prepared:
         self._compiled: dict[tuple, Callable] = {}
         self._groups: dict[str, LocalGroup | None] = {}
         self._weights: dict[str, np.ndarray] | None = None
+        self._onnx_fields: dict[str, tuple] = {}
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------
@@ -132,26 +153,36 @@ class Prepared:
 
     def _estimate_sizes(self) -> tuple[list[int], int]:
         """Bytes handed back per ONNX node (its compared outputs), and the largest set of torch
-        values alive at once in an eager run: the yardstick segments are cut by."""
+        values alive at once in an eager run: the yardstick segments are cut by. Also fills
+        ``small_fx_nodes`` (nodes run on one thread) from the same element counts."""
         fx_bytes: dict[str, int] = {}
-        for node in self.fx_nodes:
-            fx_bytes[node.name] = sum(numel_hint(v) * v.element_size() for v in example_tensors(node))
+        small = self.small_fx_nodes
         alive, live, peak = {}, 0, 0
+        last_use = self.fx_last_use
         for i, node in enumerate(self.fx_nodes):
+            elements = size = 0
+            for t in example_tensors(node):
+                n = numel_hint(t)
+                elements += n
+                size += n * t.element_size()
+            fx_bytes[node.name] = size
+            if elements < SMALL_OP_ELEMENTS:
+                small.add(i)
             if node.op == "call_function":
-                alive[node.name] = fx_bytes[node.name]
-                live += alive[node.name]
+                alive[node.name] = size
+                live += size
                 peak = max(peak, live)
             for inp in node.all_input_nodes:
-                if self.fx_last_use.get(inp.name) == i and inp.name in alive:
+                if last_use.get(inp.name) == i and inp.name in alive:
                     live -= alive.pop(inp.name)
         per_node = []
-        for node in self.index.nodes:
+        wanted, onnx_to_fx, types = self.wanted, self.alignment.onnx_to_fx, self.index.types
+        for outputs in self.index.node_outputs:
             total = 0
-            for o in node.output:
-                if o in self.wanted:
-                    fx = self.alignment.onnx_to_fx.get(o)
-                    total += fx_bytes.get(fx, 0) if fx else _onnx_bytes(self.index.types.get(o))
+            for o in outputs:
+                if o in wanted:
+                    fx = onnx_to_fx.get(o)
+                    total += fx_bytes.get(fx, 0) if fx else _onnx_bytes(types.get(o))
             per_node.append(total)
         return per_node, peak
 
@@ -206,6 +237,23 @@ class Prepared:
             full = (runtime.name, id(runtime)) + key
             if full not in self._compiled:
                 self._compiled[full] = (runtime, _compiler().submit(lambda b=build: runtime.compile(b())))
+
+    def onnx_fields(self, name: str) -> tuple:
+        """What a record says of ONNX value ``name``: (node index, op type, node name, output index,
+        module, shape and type); worked out once per value, read by every run."""
+        fields = self._onnx_fields.get(name)
+        if fields is None:
+            index = self.index
+            i = index.producer.get(name)
+            if i is not None:
+                node = index.nodes[i]
+                fields = (i, index.op_types[i], node.name, index.node_outputs[i].index(name), index.module_of_node(i),
+                          index.describe(name))
+            else:
+                op = "initializer" if name in index.initializers else "input" if name in index.inputs else None
+                fields = (None, op, None, None, "", index.describe(name))
+            self._onnx_fields[name] = fields
+        return fields
 
     # -- names -----------------------------------------------------------------------------------
     def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
@@ -322,7 +370,7 @@ class _Run:
         self.atol, self.rtol, self.reset = atol, rtol, reset
         self.node_local, self.exc, self.progress = node_local, exc, progress
         self.histogram = histogram
-        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes)
+        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans)
         self.onnx_env: dict[str, object] = {}
         self.onnx_shapes: dict[str, tuple] = {}
         self.onnx_errors: dict[str, str] = {}
@@ -332,9 +380,9 @@ class _Run:
         idx = p.index
         cuts = {idx.producer[v] for v in reset}
         self.ranges = p.plan(cuts, segment_nodes)
-        self.segment_of_node = np.zeros(len(idx.nodes), dtype=np.int64)
+        self.segment_of_node = [0] * len(idx.nodes)
         for s, (a, b) in enumerate(self.ranges):
-            self.segment_of_node[a:b] = s
+            self.segment_of_node[a:b] = [s] * (b - a)
         # The engine's own hold on torch values: until the segment that compares them (or feeds
         # them to a node-local group) is done.
         self.fx_release: dict[str, int] = {}
@@ -342,7 +390,7 @@ class _Run:
         for fx_name, pair in p.alignment.pairs.items():
             v = pair.onnx_value
             if v in idx.producer:
-                s = int(self.segment_of_node[idx.producer[v]])
+                s = self.segment_of_node[idx.producer[v]]
                 self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
                 self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
                 if node_local:
@@ -352,7 +400,7 @@ class _Run:
                             f = p.alignment.onnx_to_fx[a]
                             self.fx_release[f] = max(self.fx_release.get(f, -1), s)
         for fx_name, v in p.alignment.alias_of.items():
-            s = int(self.segment_of_node[idx.producer[v]])
+            s = self.segment_of_node[idx.producer[v]]
             self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
             self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
         for fx_name, _ in p.alignment.output_pairs:
@@ -399,35 +447,18 @@ class _Run:
 
     def _record(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str = "") -> Record:
         p = self.p
-        rec = Record(kind=kind, onnx_name=onnx_name)
+        ox = p.onnx_fields(onnx_name) if onnx_name is not None else _NO_ONNX
         if fx_name is not None:
             info = p.alignment.fx_nodes[p.fx_position[fx_name]]
-            rec.ep_id_node = info.index
-            rec.ep_name = fx_name
-            rec.ep_target = info.target
-            rec.ep_shape_type = info.shape_type
-            rec.module = info.module
-            rec.stack_trace = info.stack_line
-            rec.ep_origin = info.origin
-            rec.ep_time_run = self.fx_times.get(fx_name)
-        if onnx_name is not None:
-            i = p.index.producer.get(onnx_name)
-            if i is not None:
-                node = p.index.nodes[i]
-                rec.onnx_id_node = i
-                rec.onnx_op_type = node.op_type
-                rec.onnx_node_name = node.name
-                rec.onnx_id_output = list(node.output).index(onnx_name)
-                if not rec.module:
-                    rec.module = p.index.module_of_node(i)
-            elif onnx_name in p.index.initializers:
-                rec.onnx_op_type = "initializer"
-            elif onnx_name in p.index.inputs:
-                rec.onnx_op_type = "input"
-            rec.onnx_shape_type = p.index.describe(onnx_name)
-        if how and how not in ("name", "input", "weight", "output"):
-            rec.comment = f"matched by {how}"
-        return rec
+            return Record(
+                ep_id_node=info.index, onnx_id_node=ox[0], ep_name=fx_name, onnx_name=onnx_name,
+                ep_target=info.target, onnx_op_type=ox[1], onnx_id_output=ox[3],
+                ep_shape_type=info.shape_type, onnx_shape_type=ox[5], ep_time_run=self.fx_times.get(fx_name),
+                comment=_MATCHED_BY.get(how, ""), module=info.module or ox[4], kind=kind,
+                ep_origin=info.origin, onnx_node_name=ox[2], stack_trace=info.stack_line)
+        return Record(onnx_id_node=ox[0], onnx_name=onnx_name, onnx_op_type=ox[1], onnx_id_output=ox[3],
+                      onnx_shape_type=ox[5], comment=_MATCHED_BY.get(how, ""), module=ox[4], kind=kind,
+                      onnx_node_name=ox[2])
 
     def _compare(self, rec: Record, expected, got) -> Record:
         self._compare_many([(rec, expected, got)])
@@ -452,8 +483,8 @@ class _Run:
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
         """Both values as numpy arrays of one shape, or None with the record marked as an error."""
         try:
-            e = as_numpy(expected)
-            g = as_numpy(got)
+            e = _numpy_of(expected)
+            g = got if type(got) is np.ndarray else as_numpy(got)
         except TypeError as err:
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"cannot read the value: {err}")
@@ -482,41 +513,49 @@ class _Run:
 
     # -- the FX side -----------------------------------------------------------------------------
     def _advance_fx(self, until: int) -> Iterator[Record]:
+        """Run the FX side up to node ``until`` (all of it in one go), then yield its records."""
         p = self.p
         runner = self.runner
         last = len(p.fx_nodes) - 1  # the output node
-        while runner.position <= min(until, last - 1) and runner.position < last:
-            position = runner.position
-            node = p.fx_nodes[position]
-            try:
-                node, value, seconds = runner.step()
-            except RuntimeError as e:
-                # A failed FX node: nothing downstream can run on the torch side.
-                self.fx_errors[node.name] = str(e)
-                rec = self._record(node.name, None, R.KIND_NODE)
-                rec.status = R.ERROR
-                rec.comment = str(e)
-                runner.position = last
-                yield rec
-                return
+        stop = min(until, last - 1)
+        if runner.position > stop:
+            return
+        times: list[tuple[int, float]] = []
+        kept: dict[str, object] = {}
+        error = runner.run_to(stop, times, p.fx_frees, self._can_free, p.fx_folded, kept)
+        fx_times, pairs, nodes = self.fx_times, p.alignment.pairs, p.fx_nodes
+        for position, seconds in times:
+            node = nodes[position]
             if node.op != "call_function":
                 continue
-            self.fx_times[node.name] = seconds
+            name = node.name
+            fx_times[name] = seconds
             self.done += 1
             if self.progress is not None:
-                self.progress(self.done, p.n_fx_nodes, node.name)
-            info = p.alignment.fx_nodes[position]
-            pair = p.alignment.pairs.get(node.name)
+                self.progress(self.done, p.n_fx_nodes, name)
+            pair = pairs.get(name)
             if pair is None:
-                if info.is_tensor and node.name not in p.alignment.alias_of:
-                    yield self._one_sided_fx(node.name)
+                if p.alignment.fx_nodes[position].is_tensor and name not in p.alignment.alias_of:
+                    yield self._one_sided_fx(name)
             elif pair.onnx_value not in p.index.producer and pair.onnx_value in p.index.initializers:
-                rec = self._record(node.name, pair.onnx_value, R.KIND_NODE, pair.how)
+                rec = self._record(name, pair.onnx_value, R.KIND_NODE, pair.how)
                 rec.comment = _join(rec.comment, "constant-folded into an initializer")
-                rec = self._compare(rec, value, p.weights()[pair.onnx_value])
+                rec = self._compare(rec, kept[name], p.weights()[pair.onnx_value])
                 self._check_exc(rec)
                 yield rec
-            self._release_fx([n.name for n in node.all_input_nodes] + [node.name])
+        if error is not None:
+            # A failed FX node: nothing downstream can run on the torch side.
+            node = nodes[runner.position - 1]
+            self.fx_errors[node.name] = error
+            rec = self._record(node.name, None, R.KIND_NODE)
+            rec.status = R.ERROR
+            rec.comment = error
+            runner.position = last
+            yield rec
+
+    def _can_free(self, name: str) -> bool:
+        """A torch value read for the last time may go unless a coming segment compares it."""
+        return self.fx_release.get(name, -1) <= self.current_segment
 
     def _one_sided_fx(self, fx_name: str) -> Record:
         p = self.p
@@ -616,8 +655,8 @@ class _Run:
         env = self.runner.env
         groups = []
         for i in range(seg.start, seg.end):
-            for o in p.index.nodes[i].output:
-                if o and o in p.alignment.onnx_to_fx and p.index.nodes[i].op_type != "Constant":
+            for o in p.index.node_outputs[i]:
+                if o and o in p.alignment.onnx_to_fx and p.index.op_types[i] != "Constant":
                     g = p.group(o)
                     if g is not None and all(p.alignment.onnx_to_fx[a] in env for a in g.anchors):
                         groups.append(g)
@@ -669,14 +708,14 @@ class _Run:
         n_nodes = max(1, seg.end - seg.start)
         records: list[tuple[Record, str | None, str | None]] = []  # (record, FX name, ONNX value) compared
         compares = []
+        outputs_of, op_types = p.index.node_outputs, p.index.op_types
         for i in range(seg.start, seg.end):
-            node = p.index.nodes[i]
-            for o in node.output:
+            for o in outputs_of[i]:
                 if not o:
                     continue
                 fx_name = p.alignment.onnx_to_fx.get(o)
                 if fx_name is None:
-                    if node.op_type == "Constant" or o in p.index.outputs:
+                    if op_types[i] == "Constant" or o in p.index.outputs:
                         continue
                     rec = self._record(None, o, R.KIND_NODE)
                     rec.status = R.ONE_SIDED
@@ -897,6 +936,20 @@ def _shape_type(code: int, shape: tuple) -> str:
             _SHAPE_TYPES.clear()
         text = _SHAPE_TYPES[key] = f"T{code}s{'x'.join(map(str, shape))}"
     return text
+
+
+def _numpy_of(value) -> np.ndarray:
+    """``as_numpy`` with a fast path for the common case, a plain CPU tensor numpy can read."""
+    if type(value) is torch.Tensor:
+        try:
+            return value.numpy()
+        except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
+            pass
+    return as_numpy(value)
+
+
+_NO_ONNX = (None, None, None, None, "", None)
+_MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
 
 
 def _join(a: str, b: str) -> str:

@@ -81,18 +81,35 @@ def small_nodes(nodes: list[torch.fx.Node]) -> set[int]:
     return {i for i, n in enumerate(nodes) if sum(map(numel_hint, example_tensors(n))) < SMALL_OP_ELEMENTS}
 
 
+_CONST, _NODE, _NESTED = 0, 1, 2
+
+
+def _arg_plan(values) -> tuple:
+    """How to build a node's arguments fast: (kind, payload) per argument, so that a step reads node
+    values from the environment without walking the arguments with ``map_arg`` each time."""
+    plan = []
+    for v in values:
+        if isinstance(v, torch.fx.Node):
+            plan.append((_NODE, v.name))
+        elif isinstance(v, (list, tuple, dict, slice)):
+            plan.append((_NESTED, v))
+        else:
+            plan.append((_CONST, v))
+    return tuple(plan)
+
+
 class FxRunner:
     """Steps through ``program.graph``; ``env`` maps node names to values."""
 
-    def __init__(self, program: torch.export.ExportedProgram, small: set[int] | None = None):
+    def __init__(self, program: torch.export.ExportedProgram, small: set[int] | None = None,
+                 plans: dict[int, tuple] | None = None):
         self.program = program
         self.module = program.graph_module
         self.nodes = list(program.graph.nodes)
         self.env: dict[str, object] = {}
         self.position = 0
         self.small = small_nodes(self.nodes) if small is None else small
-
-
+        self._plans = {} if plans is None else plans  # position -> call plan; shareable between runs
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -103,41 +120,92 @@ class FxRunner:
 
     def step(self) -> tuple[torch.fx.Node, object, float]:
         """Run the next node; returns (node, value, seconds). Exceptions name the node."""
-        node = self.nodes[self.position]
-        self.position += 1
-        if node.op == "placeholder":
-            return node, self.env.get(node.name), 0.0
-        if node.op == "output":
-            return node, None, 0.0
-        begin = time.perf_counter()
+        position = self.position
+        node = self.nodes[position]
+        times: list = []
+        error = self.run_to(position, times)
+        if error is not None:
+            raise RuntimeError(error)
+        return node, self.env.get(node.name), times[0][1] if times else 0.0
+
+    def run_to(self, stop: int, times: list, frees: list | None = None, can_free=None,
+               keep: set | None = None, kept: dict | None = None) -> str | None:
+        """Run nodes up to position ``stop`` included, appending ``(position, seconds)`` per computed
+        node to ``times``. After each node, the names in ``frees[position]`` are dropped from ``env``
+        when ``can_free(name)`` says so; values of nodes named in ``keep`` are also put in ``kept``
+        (read after the batch even if freed). Returns None, or the error message of the node that failed
+        (then ``position`` is past it and its value absent).
+
+        One call runs many nodes: autograd off and the thread count set once, not per node."""
+        env, nodes, small = self.env, self.nodes, self.small
+        threads = torch.get_num_threads()
+        single = False
+        perf = time.perf_counter
+        try:
+            with torch.no_grad():  # no autograd: saved tensors would keep every intermediate alive
+                while self.position <= stop and self.position < len(nodes):
+                    position = self.position
+                    node = nodes[position]
+                    self.position += 1
+                    op = node.op
+                    if op == "call_function":
+                        # Small ops on one thread: torch's idle threads spin after each parallel op
+                        # and, on a small machine, steal the cores the ONNX side needs.
+                        want_single = threads > 1 and position in small
+                        if want_single != single:
+                            torch.set_num_threads(1 if want_single else threads)
+                            single = want_single
+                        plan = self._plans.get(position)
+                        if plan is None:
+                            plan = self._plans[position] = (node.target, _arg_plan(node.args),
+                                                            _arg_plan(node.kwargs.values()), tuple(node.kwargs))
+                        target, a_plan, k_plan, k_names = plan
+                        begin = perf()
+                        try:
+                            args = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
+                                    for k, x in a_plan]
+                            if k_names:
+                                kwargs = dict(zip(k_names, [
+                                    env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
+                                    for k, x in k_plan]))
+                                value = target(*args, **kwargs)
+                            else:
+                                value = target(*args)
+                        except Exception as e:
+                            return (f"while executing FX node {node.name!r} ({node.target}): "
+                                    f"{type(e).__name__}: {e}")
+                        times.append((position, perf() - begin))
+                        env[node.name] = value
+                        if keep and node.name in keep:
+                            kept[node.name] = value
+                    elif op in ("placeholder", "output"):
+                        continue
+                    else:
+                        begin = perf()
+                        try:
+                            value = self._other(node)
+                        except Exception as e:
+                            return (f"while executing FX node {node.name!r} ({node.target}): "
+                                    f"{type(e).__name__}: {e}")
+                        times.append((position, perf() - begin))
+                        env[node.name] = value
+                    if frees is not None:
+                        for name in frees[position]:
+                            if name in env and can_free(name):
+                                del env[name]
+        finally:
+            if single:
+                torch.set_num_threads(threads)
+        return None
+
+    def _other(self, node: torch.fx.Node):
         if node.op == "get_attr":
             value = self.module
             for part in node.target.split("."):
                 value = getattr(value, part)
-        else:
-            args = map_arg(node.args, self._get)
-            kwargs = map_arg(node.kwargs, self._get)
-            small = self.position - 1 in self.small
-            threads = torch.get_num_threads()
-            try:
-                if small and threads > 1:
-                    torch.set_num_threads(1)
-                # No autograd: saved tensors would keep every intermediate alive.
-                with torch.no_grad():
-                    value = self._call(node, args, kwargs)
-            except Exception as e:
-                raise RuntimeError(f"while executing FX node {node.name!r} ({node.target}): "
-                                   f"{type(e).__name__}: {e}") from e
-            finally:
-                if small and threads > 1:
-                    torch.set_num_threads(threads)
-        seconds = time.perf_counter() - begin
-        self.env[node.name] = value
-        return node, value, seconds
-
-    def _call(self, node: torch.fx.Node, args, kwargs):
-        if node.op == "call_function":
-            return node.target(*args, **kwargs)
+            return value
+        args = map_arg(node.args, self._get)
+        kwargs = map_arg(node.kwargs, self._get)
         if node.op == "call_module":
             return self.module.get_submodule(node.target)(*args, **kwargs)
         return getattr(args[0], node.target)(*args[1:], **kwargs)  # call_method

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,9 @@ from onnx import numpy_helper
 
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
 _FX_TARGET_RE = re.compile(r"call_function\[target=([^\]]+)\]")
+_QUOTED = re.compile(r"'([^']*)'")
+_FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 ONNX_TO_NUMPY = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
@@ -32,10 +36,21 @@ class ValueType:
     shape: tuple | None = None  # ints and str (symbolic dims); None if unknown rank
 
     def describe(self) -> str:
-        if not self.elem_type:
-            return "?"
-        dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
-        return f"T{self.elem_type}s{dims}"
+        key = (self.elem_type, self.shape)
+        text = _DESCRIBED.get(key)
+        if text is None:  # a model has few distinct types: each is formatted once
+            if not self.elem_type:
+                text = "?"
+            else:
+                dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
+                text = f"T{self.elem_type}s{dims}"
+            if len(_DESCRIBED) > 4096:
+                _DESCRIBED.clear()
+            _DESCRIBED[key] = text
+        return text
+
+
+_DESCRIBED: dict[tuple, str] = {}
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
@@ -76,9 +91,11 @@ class OnnxIndex:
     producer: dict = field(default_factory=dict)     # value -> node index
     consumers: dict = field(default_factory=dict)    # value -> [node index]
     node_inputs: list = field(default_factory=list)  # explicit + implicit (subgraph) inputs per node
+    node_outputs: list = field(default_factory=list)  # node index -> tuple of output names ("" kept)
+    op_types: list = field(default_factory=list)      # node index -> op_type
     types: dict = field(default_factory=dict)        # value -> ValueType
     value_meta: dict = field(default_factory=dict)   # value -> {key: value}
-    node_meta: list = field(default_factory=list)    # node index -> {key: value}
+    node_scopes: list = field(default_factory=list)  # node index -> pkg.torch.onnx.name_scopes or None
     node_fx: list = field(default_factory=list)      # node index -> FX node name (decomposed program) or None
     node_fx_target: list = field(default_factory=list)
     initializers: dict = field(default_factory=dict)  # name -> TensorProto
@@ -106,20 +123,32 @@ class OnnxIndex:
             if init.metadata_props:
                 idx.value_meta.setdefault(init.name, {}).update({p.key: p.value for p in init.metadata_props})
         for i, node in enumerate(idx.nodes):
+            # Read once into Python objects: each protobuf field access builds new ones.
+            op_type, domain, outputs = node.op_type, node.domain, tuple(node.output)
             ins = [x for x in node.input if x]
-            if node.op_type in _WITH_SUBGRAPHS or node.domain not in ("", "ai.onnx"):
+            if op_type in _WITH_SUBGRAPHS or domain not in ("", "ai.onnx"):
                 ins += [x for x in subgraph_outer_inputs(node) if x not in node.input]
             idx.node_inputs.append(ins)
+            idx.node_outputs.append(outputs)
+            idx.op_types.append(op_type)
             for x in ins:
                 idx.consumers.setdefault(x, []).append(i)
-            for o in node.output:
+            for o in outputs:
                 if o:
                     idx.producer[o] = i
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                idx.constant_nodes[node.output[0]] = i
-            meta = {p.key: p.value for p in node.metadata_props}
-            idx.node_meta.append(meta)
-            fx = meta.get("pkg.torch.onnx.fx_node", "")
+            if op_type == "Constant" and domain in ("", "ai.onnx"):
+                idx.constant_nodes[outputs[0]] = i
+            # Only the two keys read for every node are kept (the rest, stack traces included, is
+            # most of an index's memory otherwise): ``node_meta`` reads any key from the model.
+            fx = scopes = None
+            for prop in node.metadata_props:
+                key = prop.key
+                if key == _FX_NODE_KEY:
+                    fx = prop.value
+                elif key == _SCOPES_KEY:
+                    scopes = prop.value
+            idx.node_scopes.append(scopes)
+            fx = fx or ""
             m = _FX_NODE_RE.match(fx)
             idx.node_fx.append(m.group(1) if m else None)
             t = _FX_TARGET_RE.search(fx)
@@ -128,17 +157,27 @@ class OnnxIndex:
 
     def module_of_node(self, i: int) -> str:
         """Owning module path from ``pkg.torch.onnx.name_scopes`` (element [-2])."""
-        scopes = self.node_meta[i].get("pkg.torch.onnx.name_scopes")
+        scopes = self.node_scopes[i]
         if not scopes:
             return ""
         cache = self.__dict__.setdefault("_scopes", {})
         if scopes not in cache:
-            try:
-                parts = ast.literal_eval(scopes)
-            except (ValueError, SyntaxError):
-                parts = []
+            if '"' not in scopes and "\\" not in scopes:  # the usual repr: plain quoted names
+                parts = _QUOTED.findall(scopes)
+            else:
+                try:
+                    parts = ast.literal_eval(scopes)
+                except (ValueError, SyntaxError):
+                    parts = []
             cache[scopes] = parts[-2] if len(parts) >= 2 else ""
         return cache[scopes]
+
+    def node_meta(self, i: int, key: str) -> str | None:
+        """A metadata value of node ``i``, read from the model (not kept in the index)."""
+        for prop in self.nodes[i].metadata_props:
+            if prop.key == key:
+                return prop.value
+        return None
 
     def folded_from(self, value: str) -> list[str]:
         """Values a constant-folded initializer was computed from (onnxscript's metadata)."""
@@ -165,7 +204,13 @@ class OnnxIndex:
         return value in self.initializers or value in self.constant_nodes
 
     def initializer_array(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.initializers[name])
+        """The initializer's values (read-only: raw bytes are read in place, the common case)."""
+        t = self.initializers[name]
+        dtype = ONNX_TO_NUMPY.get(t.data_type)
+        if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \
+                and sys.byteorder == "little":
+            return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+        return numpy_helper.to_array(t)
 
     def describe(self, value: str) -> str:
         cache = self.__dict__.setdefault("_described", {})  # one string per value, asked once per record

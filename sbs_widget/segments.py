@@ -88,9 +88,9 @@ def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
                 seg.embedded.append(x)
             else:
                 seg.inputs.append(x)
-        produced_here.update(o for o in index.nodes[i].output if o)
+        produced_here.update(o for o in index.node_outputs[i] if o)
     for i in range(start, end):
-        for o in index.nodes[i].output:
+        for o in index.node_outputs[i]:
             if o and (o in wanted or last_reader.get(o, -1) >= end):
                 seg.outputs.append(o)
     return seg
@@ -113,6 +113,11 @@ def segment_model(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) ->
         [_output_info(index, o) for o in seg.outputs],
         initializer=[index.initializers[x] for x in seg.embedded],
     )
+    # The runtime keeps what it is given: node metadata (stack traces, scopes) is most of a segment's
+    # bytes and of its session's memory, and nothing reads it there.
+    for node in graph.node:
+        node.ClearField("metadata_props")
+        node.ClearField("doc_string")
     return _wrap(src, graph)
 
 
