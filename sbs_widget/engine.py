@@ -42,7 +42,7 @@ from .loading import (
     load_onnx_model,
 )
 from .local import LocalGroup, build_group, local_model, ANCHOR
-from .metrics import as_numpy, compute_errors_many, same_shape
+from .metrics import BATCH_ELEMENTS, as_numpy, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
@@ -839,8 +839,12 @@ class _Run:
                 yield self._compare(rec, value, arr)
 
     def _weight_records(self) -> Iterator[Record]:
+        """Weights measured a batch at a time (a few vectorized passes for many small weights; the
+        batch is bounded so that transposed copies never add up to the weights' size)."""
         p = self.p
         env = self.runner.env
+        batch: list[tuple[Record, object, object]] = []
+        elements = 0
         for w in p.alignment.weights:
             rec = self._record(w.placeholder, w.onnx_name if w.onnx_name else None, R.KIND_WEIGHT)
             rec.ep_target = w.key
@@ -848,10 +852,22 @@ class _Run:
             if not w.comparable:
                 rec.status = R.ONE_SIDED
                 rec.comment = w.comment
-                yield rec
+                batch.append((rec, None, None))
                 continue
-            rec = self._compare(rec, env[w.placeholder], p.weights()[w.onnx_name])
-            self._check_exc(rec)
+            got = p.weights()[w.onnx_name]
+            batch.append((rec, env[w.placeholder], got))
+            elements += got.size
+            if elements >= BATCH_ELEMENTS:
+                yield from self._measured(batch)
+                batch, elements = [], 0
+        yield from self._measured(batch)
+
+    def _measured(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
+        """Compare the pairs of ``batch`` (records without values stay as they are), then yield all."""
+        self._compare_many([x for x in batch if x[1] is not None])
+        for rec, expected, _ in batch:
+            if expected is not None:
+                self._check_exc(rec)
             yield rec
 
     def _output_records(self) -> Iterator[Record]:
