@@ -32,8 +32,7 @@ import torch
 from . import records as R
 from .align import Alignment, align, onnx_elem_type
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
-from .fx_runner import (SMALL_OP_ELEMENTS, FxRunner, check_inputs, example_tensors, flat_inputs, last_uses,
-                        numel_hint)
+from .fx_runner import FxRunner, check_inputs, example_size, flat_inputs, last_uses, small_nodes
 from .loading import (
     decompose_as_exporter,
     is_onnx_program,
@@ -110,7 +109,8 @@ class Prepared:
         self.fx_nodes = list(graph.nodes)
         self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
         self.fx_last_use = last_uses(graph)
-        self.small_fx_nodes: set[int] = set()  # filled by _estimate_sizes
+        self.fx_sizes = [example_size(n) for n in self.fx_nodes]  # (elements, bytes) per node
+        self.small_fx_nodes = small_nodes(self.fx_nodes, self.fx_sizes)
         self.fx_plans: dict[int, tuple] = {}  # FxRunner's call plans, built by the first run
         # After node i runs: the values it read for the last time, and its own if nothing reads it.
         self.fx_frees: list[list[str]] = [[] for _ in self.fx_nodes]
@@ -153,21 +153,12 @@ class Prepared:
 
     def _estimate_sizes(self) -> tuple[list[int], int]:
         """Bytes handed back per ONNX node (its compared outputs), and the largest set of torch
-        values alive at once in an eager run: the yardstick segments are cut by. Also fills
-        ``small_fx_nodes`` (nodes run on one thread) from the same element counts."""
+        values alive at once in an eager run: the yardstick segments are cut by."""
         fx_bytes: dict[str, int] = {}
-        small = self.small_fx_nodes
         alive, live, peak = {}, 0, 0
         last_use = self.fx_last_use
         for i, node in enumerate(self.fx_nodes):
-            elements = size = 0
-            for t in example_tensors(node):
-                n = numel_hint(t)
-                elements += n
-                size += n * t.element_size()
-            fx_bytes[node.name] = size
-            if elements < SMALL_OP_ELEMENTS:
-                small.add(i)
+            size = fx_bytes[node.name] = self.fx_sizes[i][1]
             if node.op == "call_function":
                 alive[node.name] = size
                 live += size

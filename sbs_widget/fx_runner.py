@@ -75,10 +75,22 @@ def numel_hint(t: torch.Tensor) -> int:
     return n
 
 
-def small_nodes(nodes: list[torch.fx.Node]) -> set[int]:
+def example_size(node: torch.fx.Node) -> tuple[int, int]:
+    """(elements, bytes) of a node's example outputs."""
+    elements = size = 0
+    for t in example_tensors(node):
+        n = numel_hint(t)
+        elements += n
+        size += n * t.element_size()
+    return elements, size
+
+
+def small_nodes(nodes: list[torch.fx.Node], sizes: list[tuple[int, int]] | None = None) -> set[int]:
     """Positions of nodes on small tensors, run on one thread: torch's idle threads spin after each
-    parallel op and, on a small machine, steal the cores the ONNX side (compiling ahead) needs."""
-    return {i for i, n in enumerate(nodes) if sum(map(numel_hint, example_tensors(n))) < SMALL_OP_ELEMENTS}
+    parallel op and, on a small machine, steal the cores the ONNX side (compiling ahead) needs.
+    ``sizes``: ``example_size`` of each node, when already known."""
+    sizes = sizes if sizes is not None else [example_size(n) for n in nodes]
+    return {i for i, (elements, _) in enumerate(sizes) if elements < SMALL_OP_ELEMENTS}
 
 
 _CONST, _NODE, _NESTED = 0, 1, 2
@@ -148,6 +160,8 @@ class FxRunner:
                     node = nodes[position]
                     self.position += 1
                     op = node.op
+                    if op in ("placeholder", "output"):
+                        continue
                     if op == "call_function":
                         # Small ops on one thread: torch's idle threads spin after each parallel op
                         # and, on a small machine, steal the cores the ONNX side needs.
@@ -155,40 +169,15 @@ class FxRunner:
                         if want_single != single:
                             torch.set_num_threads(1 if want_single else threads)
                             single = want_single
-                        plan = self._plans.get(position)
-                        if plan is None:
-                            plan = self._plans[position] = (node.target, _arg_plan(node.args),
-                                                            _arg_plan(node.kwargs.values()), tuple(node.kwargs))
-                        target, a_plan, k_plan, k_names = plan
-                        begin = perf()
-                        try:
-                            args = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
-                                    for k, x in a_plan]
-                            if k_names:
-                                kwargs = dict(zip(k_names, [
-                                    env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
-                                    for k, x in k_plan]))
-                                value = target(*args, **kwargs)
-                            else:
-                                value = target(*args)
-                        except Exception as e:
-                            return (f"while executing FX node {node.name!r} ({node.target}): "
-                                    f"{type(e).__name__}: {e}")
-                        times.append((position, perf() - begin))
-                        env[node.name] = value
-                        if keep and node.name in keep:
-                            kept[node.name] = value
-                    elif op in ("placeholder", "output"):
-                        continue
-                    else:
-                        begin = perf()
-                        try:
-                            value = self._other(node)
-                        except Exception as e:
-                            return (f"while executing FX node {node.name!r} ({node.target}): "
-                                    f"{type(e).__name__}: {e}")
-                        times.append((position, perf() - begin))
-                        env[node.name] = value
+                    begin = perf()
+                    try:
+                        value = self._call(position, node) if op == "call_function" else self._other(node)
+                    except Exception as e:
+                        return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
+                    times.append((position, perf() - begin))
+                    env[node.name] = value
+                    if keep and node.name in keep:
+                        kept[node.name] = value
                     if frees is not None:
                         for name in frees[position]:
                             if name in env and can_free(name):
@@ -197,6 +186,20 @@ class FxRunner:
             if single:
                 torch.set_num_threads(threads)
         return None
+
+    def _call(self, position: int, node: torch.fx.Node):
+        """A call_function node, its arguments read through the node's call plan (built once)."""
+        plan = self._plans.get(position)
+        if plan is None:
+            plan = self._plans[position] = (node.target, _arg_plan(node.args), _arg_plan(node.kwargs.values()),
+                                            tuple(node.kwargs))
+        target, a_plan, k_plan, k_names = plan
+        env, get = self.env, self._get
+        args = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, get)) for k, x in a_plan]
+        if not k_names:
+            return target(*args)
+        kwargs = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, get)) for k, x in k_plan]
+        return target(*args, **dict(zip(k_names, kwargs)))
 
     def _other(self, node: torch.fx.Node):
         if node.op == "get_attr":
