@@ -46,7 +46,7 @@ from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
 from .segments import (SMALL_INITIALIZER, Segment, _numel, describe_segment, numpy_elem_type,
-                       plan_segments, segment_model)
+                       plan_segments, segment_bytes, segment_model)
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-4
@@ -564,7 +564,12 @@ class _Run:
     # -- the ONNX side ---------------------------------------------------------------------------
     def _segment_piece(self, seg: Segment, types: dict[str, int]) -> tuple[tuple, Callable[[], onnx.ModelProto]]:
         key = ("seg", seg.start, seg.end, tuple(sorted(types.items())))
-        return key, lambda: segment_model(self.p.index, seg, types)
+        return key, lambda: self._segment_for_runtime(seg, types)
+
+    def _segment_for_runtime(self, seg: Segment, types: dict[str, int]):
+        if getattr(self.rt, "accepts_serialized", False):
+            return segment_bytes(self.p.index, seg, types)
+        return segment_model(self.p.index, seg, types)
 
     def _compile_ahead(self) -> None:
         """Start compiling every segment of this run, typed as the ONNX model declares its values (a
@@ -618,7 +623,7 @@ class _Run:
                 types = {x: numpy_elem_type(a) for x, a in feeds.items()}
                 key = ("seg", i, i + 1, tuple(sorted(types.items())))
                 try:
-                    fn = p.compiled(self.rt, key, lambda: segment_model(p.index, one, types))
+                    fn = p.compiled(self.rt, key, lambda: self._segment_for_runtime(one, types))
                     outs = fn(feeds, one.outputs)
                     for o, arr in zip(one.outputs, outs):
                         self.onnx_env[o] = arr

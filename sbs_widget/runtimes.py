@@ -23,7 +23,9 @@ Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 @runtime_checkable
 class Runtime(Protocol):
     """What the engine needs from a runtime. Optional: ``compiles_in_background = True`` lets the engine
-    compile the coming segments in a background thread (``compile`` must then be thread-safe)."""
+    compile the coming segments in a background thread (``compile`` must then be thread-safe);
+    ``accepts_serialized = True`` has ``compile`` also take the model as serialized bytes (the engine
+    builds segments as bytes; otherwise it parses them into a ``ModelProto`` first)."""
 
     name: str
 
@@ -37,7 +39,8 @@ class OnnxruntimeRuntime:
     is the one computed (ORT fusions would otherwise remove them)."""
 
     name = "onnxruntime"
-    compiles_in_background = True  # InferenceSession releases the GIL while it builds
+    compiles_in_background = True  # InferenceSession releases the GIL for most of its building
+    accepts_serialized = True
 
     def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 0):
         import onnxruntime
@@ -48,7 +51,7 @@ class OnnxruntimeRuntime:
             or ["CPUExecutionProvider"]
         self.intra_op_num_threads = intra_op_num_threads
 
-    def compile(self, model: onnx.ModelProto) -> Compiled:
+    def compile(self, model: onnx.ModelProto | bytes) -> Compiled:
         opts = self._ort.SessionOptions()
         opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 3
@@ -60,7 +63,8 @@ class OnnxruntimeRuntime:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.intra_op_num_threads:
             opts.intra_op_num_threads = self.intra_op_num_threads
-        session = self._ort.InferenceSession(model.SerializeToString(), opts, providers=self.providers)
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        session = self._ort.InferenceSession(data, opts, providers=self.providers)
 
         def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
             return session.run(outputs, feeds)

@@ -9,6 +9,7 @@ of the reset value so that downstream nodes read the torch value fed in its plac
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,20 +106,94 @@ def _numel(t: onnx.TensorProto) -> int:
 
 def segment_model(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) -> onnx.ModelProto:
     """A standalone model computing ``seg.outputs`` from ``seg.inputs`` (typed by the actual feeds)."""
-    src = index.model
-    graph = helper.make_graph(
-        [index.nodes[i] for i in range(seg.start, seg.end)],
-        f"segment_{seg.start}_{seg.end}",
-        [helper.make_tensor_value_info(x, feed_types[x], None) for x in seg.inputs],
-        [_output_info(index, o) for o in seg.outputs],
+    return onnx.ModelProto.FromString(segment_bytes(index, seg, feed_types))
+
+
+def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) -> bytes:
+    """``segment_model`` serialized, built from bytes: the nodes were serialized once for the whole
+    model (``SerializedNodes``), a segment joins a slice of them. Building protobuf messages per
+    segment held the GIL for ~10 ms a model while the main thread ran the comparison."""
+    shell = onnx.GraphProto(
+        name=f"segment_{seg.start}_{seg.end}",
+        input=[helper.make_tensor_value_info(x, feed_types[x], None) for x in seg.inputs],
+        output=[_output_info(index, o) for o in seg.outputs],
         initializer=[index.initializers[x] for x in seg.embedded],
     )
-    # The runtime keeps what it is given: node metadata (stack traces, scopes) is most of a segment's
-    # bytes and of its session's memory, and nothing reads it there.
-    for node in graph.node:
-        node.ClearField("metadata_props")
-        node.ClearField("doc_string")
-    return _wrap(src, graph)
+    nodes = _serialized_nodes(index)
+    # A message field given twice is merged by protobuf parsers (repeated fields concatenate): the
+    # graph is the shell (inputs, outputs, initializers) followed by the nodes' records.
+    graph = shell.SerializeToString() + nodes.records(seg.start, seg.end)
+    return nodes.model_head + _length_delimited(_MODEL_GRAPH_FIELD, graph)
+
+
+_MODEL_GRAPH_FIELD = 7   # ModelProto.graph
+_GRAPH_NODE_FIELD = 1    # GraphProto.node
+
+
+class SerializedNodes:
+    """Every node of a model serialized once, without metadata (stack traces, scopes: most of a
+    node's bytes, and kept by the runtime if given), as the records of a GraphProto's ``node`` field,
+    plus the model fields every segment repeats (IR version, opsets, local functions)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        graph = onnx.GraphProto()
+        graph.node.extend(model.graph.node)
+        for node in graph.node:
+            node.ClearField("metadata_props")
+            node.ClearField("doc_string")
+        self.data = graph.SerializeToString()
+        # Only field 1 is set: the bytes are (tag, length, NodeProto) records, one per node, in order.
+        offsets = [0]
+        data, pos, end = self.data, 0, len(self.data)
+        tag = (_GRAPH_NODE_FIELD << 3) | 2
+        while pos < end:
+            if data[pos] != tag:
+                raise ValueError("unexpected field in a serialized GraphProto")
+            length, pos = _read_varint(data, pos + 1)
+            pos += length
+            offsets.append(pos)
+        self.offsets = offsets
+        head = onnx.ModelProto(ir_version=model.ir_version, opset_import=list(model.opset_import),
+                               functions=list(model.functions))
+        self.model_head = head.SerializeToString()
+
+    def records(self, start: int, end: int) -> bytes:
+        return self.data[self.offsets[start]:self.offsets[end]]
+
+
+_SERIALIZED_LOCK = threading.Lock()
+
+
+def _serialized_nodes(index: OnnxIndex) -> SerializedNodes:
+    """Built once per index, by whichever thread first builds a segment."""
+    nodes = index.__dict__.get("_serialized_nodes")
+    if nodes is None:
+        with _SERIALIZED_LOCK:
+            nodes = index.__dict__.get("_serialized_nodes")
+            if nodes is None:
+                nodes = index.__dict__["_serialized_nodes"] = SerializedNodes(index.model)
+    return nodes
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _length_delimited(field_number: int, payload: bytes) -> bytes:
+    n = len(payload)
+    out = bytearray([(field_number << 3) | 2])
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + payload
 
 
 def _output_info(index: OnnxIndex, name: str) -> onnx.ValueInfoProto:
