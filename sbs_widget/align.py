@@ -46,7 +46,7 @@ def fx_shape_type(val) -> str:
     return type(val).__name__
 
 
-@dataclass
+@dataclass(slots=True)  # one per FX node
 class FxNodeInfo:
     index: int
     name: str
@@ -107,15 +107,16 @@ def is_scalar(val) -> bool:
 def _shape_matches(val, vt: ValueType | None) -> bool:
     if vt is None or not vt.elem_type:
         return False
-    if is_scalar(val):  # shape arithmetic (sym_size...) is a 0-d or [1] tensor in ONNX
+    if isinstance(val, torch.Tensor):
+        if _TORCH_TO_ONNX.get(val.dtype, 0) != vt.elem_type:
+            return False
+        if vt.shape is None:
+            return True
+        fx_shape = tuple(val.shape)
+    elif is_scalar(val):  # shape arithmetic (sym_size...) is a 0-d or [1] tensor in ONNX
         return vt.shape is None or tuple(vt.shape) in ((), (1,))
-    if not isinstance(val, torch.Tensor):
+    else:
         return False
-    if onnx_elem_type(val.dtype) != vt.elem_type:
-        return False
-    if vt.shape is None:
-        return True
-    fx_shape = tuple(val.shape)
     if len(fx_shape) != len(vt.shape):
         # torch 0-d vs ONNX [1]
         return (len(fx_shape) == 0 and tuple(vt.shape) in ((1,), ())) or (len(vt.shape) == 0 and fx_shape == (1,))
@@ -133,7 +134,7 @@ def _module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return ""
-    return list(stack.values())[-1][0]
+    return next(reversed(stack.values()))[0]
 
 
 def _stack_line(node: torch.fx.Node) -> str:

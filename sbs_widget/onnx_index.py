@@ -30,7 +30,7 @@ ONNX_TO_NUMPY = {
 }
 
 
-@dataclass
+@dataclass(slots=True)  # one per value of the model
 class ValueType:
     elem_type: int = 0
     shape: tuple | None = None  # ints and str (symbolic dims); None if unknown rank
@@ -58,10 +58,11 @@ def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
     if not t.HasField("tensor_type"):
         return ValueType()
     tt = t.tensor_type
-    shape = None
-    if tt.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
-    return ValueType(tt.elem_type, shape)
+    if not tt.HasField("shape"):
+        return ValueType(tt.elem_type, None)
+    # dim_value and dim_param are a oneof: a zero dim_value is a known 0 only if it is the one set.
+    return ValueType(tt.elem_type, tuple(d.dim_value or d.dim_param or (0 if d.HasField("dim_value") else "?")
+                                         for d in tt.shape.dim))
 
 
 # Standard ops with graph attributes: only those (and custom-domain ops, which may have them) have their
