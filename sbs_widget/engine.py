@@ -227,7 +227,7 @@ class Prepared:
         for key, build in pieces:
             full = (runtime.name, id(runtime)) + key
             if full not in self._compiled:
-                self._compiled[full] = (runtime, _compiler().submit(lambda b=build: runtime.compile(b())))
+                self._compiled[full] = (runtime, _background("sbs-compile").submit(lambda b=build: runtime.compile(b())))
 
     def onnx_fields(self, name: str) -> tuple:
         """What a record says of ONNX value ``name``: (node index, op type, node name, output index,
@@ -585,22 +585,49 @@ class _Run:
                 pieces.append(self._segment_piece(seg, types))
         p.compile_ahead(self.rt, pieces)
 
-    def _run_segment(self, seg: Segment) -> float:
+    def _start_segment(self, seg: Segment) -> Future | None:
+        """Start running ``seg`` in the runner thread, so that it runs while the FX side computes the
+        same stretch of the model (onnxruntime and torch kernels release the GIL). None when it runs
+        in this thread instead: a runtime not declared thread-safe, or feeds missing (a failed node)."""
+        if not getattr(self.rt, "compiles_in_background", False) or not seg.outputs:
+            return None
         feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+        if len(feeds) != len(seg.inputs):
+            return None
+        key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+        prepared, runtime, outputs = self.p, self.rt, seg.outputs
+
+        def run() -> tuple[list, float]:
+            begin = time.perf_counter()
+            outs = prepared.compiled(runtime, key, build)(feeds, outputs)
+            return outs, time.perf_counter() - begin
+
+        return _background("sbs-run").submit(run)
+
+    def _run_segment(self, seg: Segment, started: Future | None = None) -> float:
+        """Run ``seg`` (or collect the run ``_start_segment`` started); a segment that fails runs node
+        by node, in this thread."""
         begin = time.perf_counter()
-        if len(feeds) == len(seg.inputs) and seg.outputs:
-            types = {x: numpy_elem_type(a) for x, a in feeds.items()}
-            key, build = self._segment_piece(seg, types)
+        outs = None
+        if started is not None:
             try:
-                fn = self.p.compiled(self.rt, key, build)
-                outs = fn(feeds, seg.outputs)
+                outs, seconds = started.result()
             except Exception:  # an op the runtime cannot run: find it node by node
                 outs = None
-            if outs is not None:
-                for o, arr in zip(seg.outputs, outs):
-                    self.onnx_env[o] = arr
-                    self.onnx_shapes[o] = getattr(arr, "shape", ())
-                return time.perf_counter() - begin
+        else:
+            feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+            if len(feeds) == len(seg.inputs) and seg.outputs:
+                key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+                try:
+                    outs = self.p.compiled(self.rt, key, build)(feeds, seg.outputs)
+                except Exception:
+                    outs = None
+            seconds = time.perf_counter() - begin
+        if outs is not None:
+            for o, arr in zip(seg.outputs, outs):
+                self.onnx_env[o] = arr
+                self.onnx_shapes[o] = getattr(arr, "shape", ())
+            return seconds
         self._run_nodes_one_by_one(seg)
         return time.perf_counter() - begin
 
@@ -807,9 +834,10 @@ class _Run:
         yield from self._weight_records()
         for s, (a, b) in enumerate(self.ranges):
             self.current_segment = s - 1
-            yield from self._advance_fx(self.fx_need[s])
             seg = p.segment(a, b)
-            seconds = self._run_segment(seg)
+            started = self._start_segment(seg)  # runs while the FX side catches up
+            yield from self._advance_fx(self.fx_need[s])
+            seconds = self._run_segment(seg, started)
             self.current_segment = s
             yield from self._segment_records(seg, seconds)
             self._free_onnx(seg)
@@ -894,15 +922,16 @@ class _Run:
             yield rec
 
 
-_COMPILER: ThreadPoolExecutor | None = None
+_BACKGROUND: dict[str, ThreadPoolExecutor] = {}
 
 
-def _compiler() -> ThreadPoolExecutor:
-    """One background thread for compiling ahead (sessions are built one at a time, like before)."""
-    global _COMPILER
-    if _COMPILER is None:
-        _COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbs-compile")
-    return _COMPILER
+def _background(name: str) -> ThreadPoolExecutor:
+    """One background thread per task: ``sbs-compile`` builds sessions ahead, one at a time;
+    ``sbs-run`` runs a segment while the FX side runs."""
+    pool = _BACKGROUND.get(name)
+    if pool is None:
+        pool = _BACKGROUND[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    return pool
 
 
 def _load_malloc_trim():
