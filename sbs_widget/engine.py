@@ -221,6 +221,11 @@ class Prepared:
                 raise
         return hit[1]
 
+    def forget(self, runtime: Runtime, keys: Iterable[tuple]) -> None:
+        """Drop compiled pieces (their memory goes with them)."""
+        for key in keys:
+            self._compiled.pop((runtime.name, id(runtime)) + key, None)
+
     def compile_ahead(self, runtime: Runtime, pieces: list[tuple[tuple, Callable[[], onnx.ModelProto]]]) -> None:
         """Compile pieces not compiled yet in a background thread, in order: onnxruntime builds a
         session without holding the GIL, so the coming segments compile while the FX side runs."""
@@ -270,8 +275,14 @@ class Prepared:
     def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
             atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
-            histogram: bool = True, segment_nodes: int = SEGMENT_NODES) -> Iterator[Record]:
-        """Yield records in execution order; see ``run_aligned`` for the options."""
+            histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
+            keep_sessions: bool = True) -> Iterator[Record]:
+        """Yield records in execution order; see ``run_aligned`` for the options.
+
+        ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
+        compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
+        an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
+        than the model itself."""
         args, kwargs = load_inputs(args, kwargs)
         flat = flat_inputs(self.decomposed_ep, args, kwargs)
         check_inputs(self.decomposed_ep, flat)
@@ -289,7 +300,7 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda)
         reset = self.resolve_names(reset_names)
         return _Run(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                    histogram, segment_nodes).records()
+                    histogram, segment_nodes, keep_sessions).records()
 
 
 class _Weights:
@@ -356,8 +367,10 @@ class _Run:
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
-                 histogram, segment_nodes):
+                 histogram, segment_nodes, keep_sessions=True):
         self.p, self.flat, self.rt = p, flat, runtime
+        self.keep_sessions = keep_sessions
+        self.used: list[tuple] = []  # compiled pieces used by the current segment
         self.atol, self.rtol, self.reset = atol, rtol, reset
         self.node_local, self.exc, self.progress = node_local, exc, progress
         self.histogram = histogram
@@ -571,14 +584,14 @@ class _Run:
             return segment_bytes(self.p.index, seg, types)
         return segment_model(self.p.index, seg, types)
 
-    def _compile_ahead(self) -> None:
-        """Start compiling every segment of this run, typed as the ONNX model declares its values (a
-        segment fed other types at run time is compiled again for them)."""
+    def _compile_ahead(self, first: int = 0, end: int | None = None) -> None:
+        """Start compiling segments ``first`` to ``end`` (excluded) of this run, typed as the ONNX model
+        declares its values (a segment fed other types at run time is compiled again for them)."""
         if not getattr(self.rt, "compiles_in_background", False):
             return
         p = self.p
         pieces = []
-        for a, b in self.ranges:
+        for a, b in self.ranges[first:end]:
             seg = p.segment(a, b)
             types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
             if seg.outputs and len(types) == len(seg.inputs) and all(types.values()):
@@ -595,6 +608,7 @@ class _Run:
         if len(feeds) != len(seg.inputs):
             return None
         key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+        self.used.append(key)
         prepared, runtime, outputs = self.p, self.rt, seg.outputs
 
         def run() -> tuple[list, float]:
@@ -618,6 +632,7 @@ class _Run:
             feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
             if len(feeds) == len(seg.inputs) and seg.outputs:
                 key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+                self.used.append(key)
                 try:
                     outs = self.p.compiled(self.rt, key, build)(feeds, seg.outputs)
                 except Exception:
@@ -649,6 +664,7 @@ class _Run:
                 feeds = {x: self._onnx_value(x) for x in one.inputs}
                 types = {x: numpy_elem_type(a) for x, a in feeds.items()}
                 key = ("seg", i, i + 1, tuple(sorted(types.items())))
+                self.used.append(key)
                 try:
                     fn = p.compiled(self.rt, key, lambda: self._segment_for_runtime(one, types))
                     outs = fn(feeds, one.outputs)
@@ -698,6 +714,7 @@ class _Run:
             return {}
         types = {k: numpy_elem_type(v) for k, v in feeds.items()}
         key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        self.used.append(key)
         try:
             fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types)[0])
             outs = fn(feeds, [g.output_name(k) for k, g in enumerate(groups)])
@@ -714,9 +731,10 @@ class _Run:
             sub = {ANCHOR + a: feeds[ANCHOR + a] for a in g.anchors}
             sub.update({c: feeds[c] for c in g.constants if c in feeds})
             types = {k: numpy_elem_type(v) for k, v in sub.items()}
+            key = ("local1", g.value, tuple(sorted(types.items())))
+            self.used.append(key)
             try:
-                fn = self.p.compiled(self.rt, ("local1", g.value, tuple(sorted(types.items()))),
-                                     lambda: local_model(self.p.index, [g], types)[0])
+                fn = self.p.compiled(self.rt, key, lambda: local_model(self.p.index, [g], types)[0])
                 out[g.value] = fn(sub, [g.output_name(0)])[0]
             except Exception:
                 continue
@@ -829,11 +847,14 @@ class _Run:
     def records(self) -> Iterator[Record]:
         p = self.p
         self.runner.feed(self.flat)
-        self._compile_ahead()
+        # Sessions kept: compile them all ahead; otherwise one segment ahead, each dropped once done.
+        self._compile_ahead(0, None if self.keep_sessions else 2)
         yield from self._input_records()
         yield from self._weight_records()
         for s, (a, b) in enumerate(self.ranges):
             self.current_segment = s - 1
+            if not self.keep_sessions and s:
+                self._compile_ahead(s + 1, s + 2)
             seg = p.segment(a, b)
             started = self._start_segment(seg)  # runs while the FX side catches up
             yield from self._advance_fx(self.fx_need[s])
@@ -842,6 +863,9 @@ class _Run:
             yield from self._segment_records(seg, seconds)
             self._free_onnx(seg)
             self._release_fx(self.release_at[s])
+            if not self.keep_sessions:
+                p.forget(self.rt, self.used)
+            self.used.clear()
             _return_freed_memory()
         yield from self._advance_fx(len(p.fx_nodes))
         yield from self._output_records()
@@ -1071,6 +1095,8 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
     - ``progress``: called with ``(done, total, current FX node name)``.
     - ``runtime``: ``"onnxruntime"`` (CUDA provider when inputs are on CUDA), ``"onnx.reference"`` or
       an object with ``.name`` and ``.compile(model)``.
+    - ``keep_sessions=False``: drop each compiled segment once done (see ``Prepared.run``): less
+      memory, and reruns compile again.
     """
     prepared = prepare(ep, onx)
     return prepared.run(args, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=reset_names,

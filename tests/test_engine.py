@@ -204,6 +204,22 @@ def test_no_session_per_node_and_reruns_reuse_sessions():
     assert rt.compiled == first, "a rerun compiles nothing"
 
 
+def test_sessions_dropped_after_their_segment_when_not_kept():
+    from sbs_widget.engine import Prepared
+
+    ep, prog, args, kwargs = exported("dummy_llm", False)
+    p = prepare(ep, prog.model_proto)
+    kept = [(r.onnx_name, r.status, r.err_abs) for r in p.run(args, kwargs, segment_nodes=10)]
+    fresh = Prepared(p.decomposed_ep, p.onnx_model)
+    recs, alive = [], []
+    for r in fresh.run(args, kwargs, segment_nodes=10, keep_sessions=False):
+        recs.append((r.onnx_name, r.status, r.err_abs))
+        alive.append(len(fresh._compiled))
+    assert recs == kept
+    assert max(alive) <= 3, "at most the current segment and the next one compiled"
+    assert len(fresh._compiled) == 0
+
+
 def test_memory_values_are_freed_on_both_sides():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
