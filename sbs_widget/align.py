@@ -170,19 +170,28 @@ def _tensor_shape_type(val: torch.Tensor, cache: dict) -> str:
     return text
 
 
+_TARGET_NAMES: dict = {}  # op -> str(op): an op's name costs more to format than to look up
+
+
+def target_name(target) -> str:
+    try:
+        name = _TARGET_NAMES.get(target)
+    except TypeError:  # an unhashable callable
+        return str(target)
+    if name is None:
+        name = str(target)
+        if len(_TARGET_NAMES) < 100_000:
+            _TARGET_NAMES[target] = name
+    return name
+
+
 def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None) -> list[FxNodeInfo]:
     infos = []
-    targets: dict = {}  # target -> its name; str() of an op costs more than a lookup
     shape_types: dict = {}  # (dtype, shape) -> text; a program has few distinct ones
     for i, node in enumerate(program.graph.nodes):
         val = node.meta.get("val")
         call = node.op == "call_function"
-        if call:
-            target = targets.get(node.target)
-            if target is None:
-                target = targets[node.target] = str(node.target)
-        else:
-            target = node.op
+        target = target_name(node.target) if call else node.op
         is_tensor = isinstance(val, torch.Tensor)
         infos.append(FxNodeInfo(
             index=i, name=node.name, op=node.op, target=target,
@@ -313,7 +322,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             take(node.name, candidates[0], "consumer")
     # 5. no-op nodes the optimizer removed: same value as their input's twin.
     for node in nodes:
-        if node.op != "call_function" or node.name in al.pairs or str(node.target) not in _VALUE_PRESERVING:
+        if node.op != "call_function" or node.name in al.pairs or target_name(node.target) not in _VALUE_PRESERVING:
             continue
         val = node.meta.get("val")
         src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None

@@ -30,7 +30,7 @@ import onnx
 import torch
 
 from . import records as R
-from .align import Alignment, align, onnx_elem_type
+from .align import Alignment, align, onnx_elem_type, target_name
 from .errors import InputError, ModelMismatchError, ToleranceExceeded
 from .fx_runner import FxRunner, check_inputs, example_size, flat_inputs, last_uses, small_nodes
 from .loading import (
@@ -78,7 +78,7 @@ def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex)
     ok = 0
     for k, (fx, i) in enumerate(items):
         node = nodes.get(fx)
-        if node is None or str(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops."):
+        if node is None or target_name(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops."):
             continue
         if k % step == 0:
             printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
@@ -138,7 +138,7 @@ class Prepared:
         self._compiled: dict[tuple, Callable] = {}
         self._groups: dict[str, LocalGroup | None] = {}
         self._weights: dict[str, np.ndarray] | None = None
-        self._onnx_fields: dict[str, tuple] = {}
+        self._record_fields: dict[tuple, tuple] = {}
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------
@@ -234,21 +234,33 @@ class Prepared:
             if full not in self._compiled:
                 self._compiled[full] = (runtime, _background("sbs-compile").submit(lambda b=build: runtime.compile(b())))
 
-    def onnx_fields(self, name: str) -> tuple:
-        """What a record says of ONNX value ``name``: (node index, op type, node name, output index,
-        module, shape and type); worked out once per value, read by every run."""
-        fields = self._onnx_fields.get(name)
-        if fields is None:
-            index = self.index
-            i = index.producer.get(name)
-            if i is not None:
-                node = index.nodes[i]
-                fields = (i, index.op_types[i], node.name, index.node_outputs[i].index(name), index.module_of_node(i),
-                          index.describe(name))
-            else:
-                op = "initializer" if name in index.initializers else "input" if name in index.inputs else None
-                fields = (None, op, None, None, "", index.describe(name))
-            self._onnx_fields[name] = fields
+    def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str) -> tuple:
+        """The fields of a record known before anything runs, in ``Record``'s field order (up to
+        ``stack_trace``): worked out once per pair, read by every run."""
+        key = (fx_name, onnx_name, kind, how)
+        fields = self._record_fields.get(key)
+        if fields is not None:
+            return fields
+        index = self.index
+        i = index.producer.get(onnx_name) if onnx_name is not None else None
+        if i is not None:
+            op, node_name, out, module = index.op_types[i], index.nodes[i].name, \
+                index.node_outputs[i].index(onnx_name), index.module_of_node(i)
+        else:
+            op = "initializer" if onnx_name in index.initializers else "input" if onnx_name in index.inputs else None
+            node_name = out = None
+            module = ""
+        onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
+        comment = _MATCHED_BY.get(how, "")
+        if fx_name is not None:
+            info = self.alignment.fx_nodes[self.fx_position[fx_name]]
+            fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
+                      None, None, None, None, None, None, None, None, comment, None, R.OK,
+                      info.module or module, kind, info.origin, node_name, info.stack_line)
+        else:
+            fields = (None, i, None, onnx_name, None, op, out, None, onnx_shape, None, None, None, None, None,
+                      None, None, None, comment, None, R.OK, module, kind, None, node_name, "")
+        self._record_fields[key] = fields
         return fields
 
     # -- names -----------------------------------------------------------------------------------
@@ -450,19 +462,10 @@ class _Run:
         return np.ascontiguousarray(arr)
 
     def _record(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str = "") -> Record:
-        p = self.p
-        ox = p.onnx_fields(onnx_name) if onnx_name is not None else _NO_ONNX
+        rec = Record(*self.p.record_fields(fx_name, onnx_name, kind, how))
         if fx_name is not None:
-            info = p.alignment.fx_nodes[p.fx_position[fx_name]]
-            return Record(
-                ep_id_node=info.index, onnx_id_node=ox[0], ep_name=fx_name, onnx_name=onnx_name,
-                ep_target=info.target, onnx_op_type=ox[1], onnx_id_output=ox[3],
-                ep_shape_type=info.shape_type, onnx_shape_type=ox[5], ep_time_run=self.fx_times.get(fx_name),
-                comment=_MATCHED_BY.get(how, ""), module=info.module or ox[4], kind=kind,
-                ep_origin=info.origin, onnx_node_name=ox[2], stack_trace=info.stack_line)
-        return Record(onnx_id_node=ox[0], onnx_name=onnx_name, onnx_op_type=ox[1], onnx_id_output=ox[3],
-                      onnx_shape_type=ox[5], comment=_MATCHED_BY.get(how, ""), module=ox[4], kind=kind,
-                      onnx_node_name=ox[2])
+            rec.ep_time_run = self.fx_times.get(fx_name)
+        return rec
 
     def _compare(self, rec: Record, expected, got) -> Record:
         self._compare_many([(rec, expected, got)])
@@ -1013,7 +1016,6 @@ def _numpy_of(value) -> np.ndarray:
     return as_numpy(value)
 
 
-_NO_ONNX = (None, None, None, None, "", None)
 _MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
 
 

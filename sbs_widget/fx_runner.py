@@ -65,6 +65,9 @@ def example_tensors(node: torch.fx.Node) -> list[torch.Tensor]:
 
 def numel_hint(t: torch.Tensor) -> int:
     """Number of elements, symbolic dimensions counted at their example value."""
+    n = t.numel()
+    if type(n) is int:  # static shape
+        return n
     n = 1
     for d in t.shape:
         if isinstance(d, int):
