@@ -10,6 +10,7 @@ models per comparison (one per segment of the graph, see ``segments.py``), never
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -40,6 +41,7 @@ class OnnxruntimeRuntime:
 
     name = "onnxruntime"
     compiles_in_background = True  # InferenceSession releases the GIL for most of its building
+    # (parsing the model holds it: about a third)
     accepts_serialized = True
 
     def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 0):
@@ -59,10 +61,9 @@ class OnnxruntimeRuntime:
         opts.enable_cpu_mem_arena = False
         # Memory patterns pre-plan one block for every value of a run and keep it with the session.
         opts.enable_mem_pattern = False
-        # The FX side runs between two segments: spinning ORT threads would steal its cores.
+        # The FX side runs while a segment runs: leave it a core, and no spinning threads after a run.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if self.intra_op_num_threads:
-            opts.intra_op_num_threads = self.intra_op_num_threads
+        opts.intra_op_num_threads = self.intra_op_num_threads or max(1, _cores() - 1)
         data = model if isinstance(model, bytes) else model.SerializeToString()
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
 
@@ -70,6 +71,13 @@ class OnnxruntimeRuntime:
             return session.run(outputs, feeds)
 
         return run
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class ReferenceRuntime:
