@@ -45,7 +45,7 @@ from .metrics import BATCH_ELEMENTS, as_numpy, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY, OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
-from .segments import (SMALL_INITIALIZER, Segment, _numel, describe_segment, numpy_elem_type,
+from .segments import (SMALL_INITIALIZER, Segment, describe_segment, numpy_elem_type,
                        plan_segments, segment_bytes, segment_model)
 
 DEFAULT_ATOL = 1e-4
@@ -726,7 +726,7 @@ class _Run:
         return {g.value: o for g, o in zip(groups, outs)}
 
     def _is_big(self, name: str) -> bool:
-        return _numel(self.p.index.initializers[name]) > SMALL_INITIALIZER
+        return self.p.index.initializer_numel(name) > SMALL_INITIALIZER
 
     def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
         out = {}

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from .onnx_index import OnnxIndex
-from .segments import SMALL_INITIALIZER, _numel, _output_info, _wrap
+from .segments import SMALL_INITIALIZER, _output_info, _wrap
 
 MAX_GROUP_NODES = 64
 ANCHOR = "sbs_torch::"
@@ -85,7 +85,7 @@ def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str
             if c in seen_init:
                 continue
             seen_init.add(c)
-            if _numel(index.initializers[c]) <= SMALL_INITIALIZER:
+            if index.initializer_numel(c) <= SMALL_INITIALIZER:
                 inits.append(index.initializers[c])
             else:
                 plan.big_constants.append(c)

@@ -201,6 +201,17 @@ class OnnxIndex:
             self.__dict__["_folded_into"] = out
         return self.__dict__["_folded_into"]
 
+    def initializer_numel(self, name: str) -> int:
+        """Element count of an initializer (read from its dims once)."""
+        cache = self.__dict__.setdefault("_numel", {})
+        n = cache.get(name)
+        if n is None:
+            n = 1
+            for d in self.initializers[name].dims:
+                n *= d
+            cache[name] = n
+        return n
+
     def is_constant(self, value: str) -> bool:
         return value in self.initializers or value in self.constant_nodes
 

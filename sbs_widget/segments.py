@@ -79,29 +79,23 @@ def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
     seg = Segment(start, end)
     produced_here: set[str] = set()
     seen: set[str] = set()
+    initializers, numel = index.initializers, index.initializer_numel
+    node_inputs, node_outputs = index.node_inputs, index.node_outputs
     for i in range(start, end):
-        for x in index.node_inputs[i]:
+        for x in node_inputs[i]:
             if x in produced_here or x in seen:
                 continue
             seen.add(x)
-            init = index.initializers.get(x)
-            if init is not None and _numel(init) <= SMALL_INITIALIZER:
+            if x in initializers and numel(x) <= SMALL_INITIALIZER:
                 seg.embedded.append(x)
             else:
                 seg.inputs.append(x)
-        produced_here.update(o for o in index.node_outputs[i] if o)
+        produced_here.update(node_outputs[i])
     for i in range(start, end):
-        for o in index.node_outputs[i]:
+        for o in node_outputs[i]:
             if o and (o in wanted or last_reader.get(o, -1) >= end):
                 seg.outputs.append(o)
     return seg
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
 
 
 def segment_model(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) -> onnx.ModelProto:
