@@ -222,3 +222,9 @@ class FxRunner:
     @property
     def done(self) -> bool:
         return self.position >= len(self.nodes)
+
+
+def program_outputs(program: torch.export.ExportedProgram) -> list:
+    """The program's flattened outputs, without the None ones: the exporter drops them."""
+    out = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    return [v for v in torch.utils._pytree.tree_leaves(out.args[0]) if v is not None]

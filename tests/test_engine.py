@@ -223,11 +223,11 @@ def test_sessions_dropped_after_their_segment_when_not_kept():
 def test_memory_values_are_freed_on_both_sides():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
-    from sbs_widget.engine import _Run
+    from sbs_widget.lockstep import LockstepRun
     from sbs_widget.runtimes import get_runtime
     from sbs_widget.fx_runner import flat_inputs
 
-    run = _Run(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
+    run = LockstepRun(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
                False, None, False, segment_nodes=10)
     peak_fx = peak_onnx = 0
     for _ in run.records():

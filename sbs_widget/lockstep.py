@@ -1,0 +1,648 @@
+"""One comparison run over a ``Prepared`` pair, in lockstep: the FX side runs up to the next
+segment's last twin, the segment runs (in the background while the FX side computes), the segment's
+pairs are measured together and yielded in node order; each value is freed once compared and no
+longer read on its side."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+import onnx
+import torch
+
+from . import records as R
+from .align import onnx_elem_type
+from .background import background
+from .errors import InputError, ToleranceExceeded
+from .fx_runner import FxRunner, program_outputs
+from .local import ANCHOR, local_model
+from .metrics import BATCH_ELEMENTS, as_numpy, compute_errors_many, same_shape
+from .onnx_index import ONNX_TO_NUMPY
+from .records import Record
+from .segments import SMALL_INITIALIZER, Segment, numpy_elem_type, segment_bytes, segment_model
+
+if TYPE_CHECKING:
+    from .prepared import Prepared
+
+class LockstepRun:
+    """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
+
+    def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
+                 histogram, segment_nodes, keep_sessions=True):
+        self.p, self.flat, self.rt = p, flat, runtime
+        self.keep_sessions = keep_sessions
+        self.used: list[tuple] = []  # compiled pieces used by the current segment
+        self.atol, self.rtol, self.reset = atol, rtol, reset
+        self.node_local, self.exc, self.progress = node_local, exc, progress
+        self.histogram = histogram
+        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans)
+        self.onnx_env: dict[str, object] = {}
+        self.onnx_shapes: dict[str, tuple] = {}
+        self.onnx_errors: dict[str, str] = {}
+        self.fx_times: dict[str, float] = {}
+        self.fx_errors: dict[str, str] = {}
+        self.done = 0
+        idx = p.index
+        cuts = {idx.producer[v] for v in reset}
+        self.ranges = p.plan(cuts, segment_nodes)
+        self.segment_of_node = [0] * len(idx.nodes)
+        for s, (a, b) in enumerate(self.ranges):
+            self.segment_of_node[a:b] = [s] * (b - a)
+        # The engine's own hold on torch values: until the segment that compares them (or feeds
+        # them to a node-local group) is done.
+        self.fx_release: dict[str, int] = {}
+        self.fx_need: list[int] = [-1] * len(self.ranges)
+        for fx_name, pair in p.alignment.pairs.items():
+            v = pair.onnx_value
+            if v in idx.producer:
+                s = self.segment_of_node[idx.producer[v]]
+                self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
+                self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
+                if node_local:
+                    g = p.group(v)
+                    if g is not None:
+                        for a in g.anchors:
+                            f = p.alignment.onnx_to_fx[a]
+                            self.fx_release[f] = max(self.fx_release.get(f, -1), s)
+        for fx_name, v in p.alignment.alias_of.items():
+            s = self.segment_of_node[idx.producer[v]]
+            self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
+            self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
+        for fx_name, _ in p.alignment.output_pairs:
+            if fx_name:
+                self.fx_release[fx_name] = len(self.ranges)  # kept for the output records
+        self.current_segment = -1
+        self.release_at: list[list[str]] = [[] for _ in range(len(self.ranges) + 1)]
+        for name, s in self.fx_release.items():
+            self.release_at[min(s, len(self.ranges))].append(name)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _onnx_value(self, name: str):
+        if name in self.onnx_env:
+            return self.onnx_env[name]
+        if name in self.p.index.initializers:
+            return self.p.weights()[name]
+        raise KeyError(name)
+
+    def _release_fx(self, names) -> None:
+        """Free torch values among ``names`` that neither side needs any more."""
+        pos = self.runner.position
+        env = self.runner.env
+        last_use, release, current = self.p.fx_last_use, self.fx_release, self.current_segment
+        for name in names:
+            if name in env and last_use.get(name, -1) < pos and release.get(name, -1) <= current \
+                    and self.p.fx_position[name] < pos:
+                del env[name]
+
+    def _to_feed(self, value, like_name: str):
+        """A torch value as the ONNX side expects value ``like_name`` (dtype and shape)."""
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value)
+        t = value.detach()
+        if t.dtype == torch.bfloat16:
+            raise TypeError("bfloat16 values cannot be fed to onnxruntime from numpy")
+        arr = t.cpu().numpy()
+        vt = self.p.index.types.get(like_name)
+        if vt is not None and vt.elem_type in ONNX_TO_NUMPY and arr.dtype != ONNX_TO_NUMPY[vt.elem_type]:
+            arr = arr.astype(ONNX_TO_NUMPY[vt.elem_type])
+        shape = self.onnx_shapes.get(like_name)
+        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == int(np.prod(shape)):
+            arr = arr.reshape(shape)
+        return np.ascontiguousarray(arr)
+
+    def _record(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str = "") -> Record:
+        rec = Record(*self.p.record_fields(fx_name, onnx_name, kind, how))
+        if fx_name is not None:
+            rec.ep_time_run = self.fx_times.get(fx_name)
+        return rec
+
+    def _compare(self, rec: Record, expected, got) -> Record:
+        self._compare_many([(rec, expected, got)])
+        return rec
+
+    def _compare_many(self, items: list[tuple[Record, object, object]]) -> None:
+        """Fill the error fields of each ``(record, torch value, ONNX value)``, all pairs at once: the
+        figures of a whole segment come from a few vectorized passes (``compute_errors_many``)."""
+        ready, arrays = [], []
+        for rec, expected, got in items:
+            pair = self._readable(rec, expected, got)
+            if pair is not None:
+                ready.append(rec)
+                arrays.append(pair)
+        errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram)
+        for rec, err in zip(ready, errors):
+            rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
+            rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
+            rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
+            rec.status = R.OK if err.within_tolerance else R.MISMATCH
+
+    def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both values as numpy arrays of one shape, or None with the record marked as an error."""
+        try:
+            e = _numpy_of(expected)
+            g = got if type(got) is np.ndarray else as_numpy(got)
+        except TypeError as err:
+            rec.status = R.ERROR
+            rec.comment = _join(rec.comment, f"cannot read the value: {err}")
+            return None
+        code = onnx_elem_type(expected.dtype) if isinstance(expected, torch.Tensor) else numpy_elem_type(e)
+        rec.ep_shape_type = _shape_type(code, e.shape)
+        g_code = numpy_elem_type(g)
+        rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _shape_type(g_code, g.shape)
+        if not same_shape(e, g):
+            rec.status = R.ERROR
+            rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")
+            return None
+        if e.dtype != g.dtype and not (isinstance(expected, torch.Tensor) and expected.dtype == torch.bfloat16):
+            rec.comment = _join(rec.comment, f"dtypes differ: torch {e.dtype} vs onnx {g.dtype}")
+        return e, g
+
+    def _check_exc(self, rec: Record) -> None:
+        if self.exc and rec.status == R.MISMATCH:
+            raise ToleranceExceeded(
+                f"beyond tolerance (atol={self.atol}, rtol={self.rtol}) at FX node {rec.ep_name!r} "
+                f"({rec.ep_target}, {rec.ep_shape_type}) vs ONNX value {rec.onnx_name!r} "
+                f"({rec.onnx_op_type} node {rec.onnx_node_name!r}, {rec.onnx_shape_type}): "
+                f"err_abs={rec.err_abs:.3g} err_rel={rec.err_rel:.3g} err_nan={rec.err_nan}",
+                rec,
+            )
+
+    # -- the FX side -----------------------------------------------------------------------------
+    def _advance_fx(self, until: int) -> Iterator[Record]:
+        """Run the FX side up to node ``until`` (all of it in one go), then yield its records."""
+        p = self.p
+        runner = self.runner
+        last = len(p.fx_nodes) - 1  # the output node
+        stop = min(until, last - 1)
+        if runner.position > stop:
+            return
+        times: list[tuple[int, float]] = []
+        kept: dict[str, object] = {}
+        error = runner.run_to(stop, times, p.fx_frees, self._can_free, p.fx_folded, kept)
+        fx_times, pairs, nodes = self.fx_times, p.alignment.pairs, p.fx_nodes
+        for position, seconds in times:
+            node = nodes[position]
+            if node.op != "call_function":
+                continue
+            name = node.name
+            fx_times[name] = seconds
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, p.n_fx_nodes, name)
+            pair = pairs.get(name)
+            if pair is None:
+                if p.alignment.fx_nodes[position].is_tensor and name not in p.alignment.alias_of:
+                    yield self._one_sided_fx(name)
+            elif pair.onnx_value not in p.index.producer and pair.onnx_value in p.index.initializers:
+                rec = self._record(name, pair.onnx_value, R.KIND_NODE, pair.how)
+                rec.comment = _join(rec.comment, "constant-folded into an initializer")
+                rec = self._compare(rec, kept[name], p.weights()[pair.onnx_value])
+                self._check_exc(rec)
+                yield rec
+        if error is not None:
+            # A failed FX node: nothing downstream can run on the torch side.
+            node = nodes[runner.position - 1]
+            self.fx_errors[node.name] = error
+            rec = self._record(node.name, None, R.KIND_NODE)
+            rec.status = R.ERROR
+            rec.comment = error
+            runner.position = last
+            yield rec
+
+    def _can_free(self, name: str) -> bool:
+        """A torch value read for the last time may go unless a coming segment compares it."""
+        return self.fx_release.get(name, -1) <= self.current_segment
+
+    def _one_sided_fx(self, fx_name: str) -> Record:
+        p = self.p
+        rec = self._record(fx_name, None, R.KIND_NODE)
+        rec.status = R.ONE_SIDED
+        if fx_name in p.folded_into:
+            rec.comment = f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
+        elif fx_name in p.alignment.fx_group:
+            ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
+            rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
+        else:
+            rec.comment = "no ONNX value: removed or fused by the ONNX optimizer"
+        return rec
+
+    # -- the ONNX side ---------------------------------------------------------------------------
+    def _segment_piece(self, seg: Segment, types: dict[str, int]) -> tuple[tuple, Callable[[], onnx.ModelProto]]:
+        key = ("seg", seg.start, seg.end, tuple(sorted(types.items())))
+        return key, lambda: self._segment_for_runtime(seg, types)
+
+    def _segment_for_runtime(self, seg: Segment, types: dict[str, int]):
+        if getattr(self.rt, "accepts_serialized", False):
+            return segment_bytes(self.p.index, seg, types)
+        return segment_model(self.p.index, seg, types)
+
+    def _compile_ahead(self, first: int = 0, end: int | None = None) -> None:
+        """Start compiling segments ``first`` to ``end`` (excluded) of this run, typed as the ONNX model
+        declares its values (a segment fed other types at run time is compiled again for them)."""
+        if not getattr(self.rt, "compiles_in_background", False):
+            return
+        p = self.p
+        pieces = []
+        for a, b in self.ranges[first:end]:
+            seg = p.segment(a, b)
+            types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
+            if seg.outputs and len(types) == len(seg.inputs) and all(types.values()):
+                pieces.append(self._segment_piece(seg, types))
+        p.compile_ahead(self.rt, pieces)
+
+    def _start_segment(self, seg: Segment) -> Future | None:
+        """Start running ``seg`` in the runner thread, so that it runs while the FX side computes the
+        same stretch of the model (onnxruntime and torch kernels release the GIL). None when it runs
+        in this thread instead: a runtime not declared thread-safe, or feeds missing (a failed node)."""
+        if not getattr(self.rt, "compiles_in_background", False) or not seg.outputs:
+            return None
+        feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+        if len(feeds) != len(seg.inputs):
+            return None
+        key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+        self.used.append(key)
+        prepared, runtime, outputs = self.p, self.rt, seg.outputs
+
+        def run() -> tuple[list, float]:
+            begin = time.perf_counter()
+            outs = prepared.compiled(runtime, key, build)(feeds, outputs)
+            return outs, time.perf_counter() - begin
+
+        return background("sbs-run").submit(run)
+
+    def _run_segment(self, seg: Segment, started: Future | None = None) -> float:
+        """Run ``seg`` (or collect the run ``_start_segment`` started); a segment that fails runs node
+        by node, in this thread."""
+        begin = time.perf_counter()
+        outs = None
+        if started is not None:
+            try:
+                outs, seconds = started.result()
+            except Exception:  # an op the runtime cannot run: find it node by node
+                outs = None
+        else:
+            feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+            if len(feeds) == len(seg.inputs) and seg.outputs:
+                key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
+                self.used.append(key)
+                try:
+                    outs = self.p.compiled(self.rt, key, build)(feeds, seg.outputs)
+                except Exception:
+                    outs = None
+            seconds = time.perf_counter() - begin
+        if outs is not None:
+            for o, arr in zip(seg.outputs, outs):
+                self.onnx_env[o] = arr
+                self.onnx_shapes[o] = getattr(arr, "shape", ())
+            return seconds
+        self._run_nodes_one_by_one(seg)
+        return time.perf_counter() - begin
+
+    def _available(self, name: str) -> bool:
+        return name in self.onnx_env or name in self.p.index.initializers
+
+    def _run_nodes_one_by_one(self, seg: Segment) -> None:
+        """Fallback when a segment fails: each node alone; a failing node's outputs are replaced by
+        their torch twins (when they exist) so that the rest of the model still runs."""
+        p = self.p
+        for i in range(seg.start, seg.end):
+            one = p.segment(i, i + 1)
+            node = p.index.nodes[i]
+            missing = [x for x in one.inputs if not self._available(x)]
+            error = None
+            if missing:
+                error = f"input {missing[0]!r} unavailable (an upstream node failed)"
+            else:
+                feeds = {x: self._onnx_value(x) for x in one.inputs}
+                types = {x: numpy_elem_type(a) for x, a in feeds.items()}
+                key = ("seg", i, i + 1, tuple(sorted(types.items())))
+                self.used.append(key)
+                try:
+                    fn = p.compiled(self.rt, key, lambda: self._segment_for_runtime(one, types))
+                    outs = fn(feeds, one.outputs)
+                    for o, arr in zip(one.outputs, outs):
+                        self.onnx_env[o] = arr
+                        self.onnx_shapes[o] = getattr(arr, "shape", ())
+                except Exception as e:
+                    error = f"{self.rt.name} failed on {node.op_type} node {node.name!r}: {type(e).__name__}: " \
+                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            if error is None:
+                continue
+            for o in node.output:
+                if not o:
+                    continue
+                self.onnx_errors[o] = error
+                fx_name = p.alignment.onnx_to_fx.get(o)
+                if fx_name is not None and fx_name in self.runner.env:
+                    try:
+                        self.onnx_env[o] = self._to_feed(self.runner.env[fx_name], o)
+                        self.onnx_errors[o] = error + "; downstream nodes read the torch value"
+                    except (TypeError, ValueError):
+                        pass
+
+    def _run_local(self, seg: Segment) -> dict[str, np.ndarray]:
+        """Node-local values for the compared values of ``seg`` (one session for all groups)."""
+        p = self.p
+        env = self.runner.env
+        groups = []
+        for i in range(seg.start, seg.end):
+            for o in p.index.node_outputs[i]:
+                if o and o in p.alignment.onnx_to_fx and p.index.op_types[i] != "Constant":
+                    g = p.group(o)
+                    if g is not None and all(p.alignment.onnx_to_fx[a] in env for a in g.anchors):
+                        groups.append(g)
+        if not groups:
+            return {}
+        feeds: dict[str, np.ndarray] = {}
+        try:
+            for g in groups:
+                for a in g.anchors:
+                    if ANCHOR + a not in feeds:
+                        feeds[ANCHOR + a] = self._to_feed(env[p.alignment.onnx_to_fx[a]], a)
+                for c in g.constants:
+                    if c not in feeds and self._is_big(c):
+                        feeds[c] = p.weights()[c]
+        except (TypeError, ValueError):
+            return {}
+        types = {k: numpy_elem_type(v) for k, v in feeds.items()}
+        key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        self.used.append(key)
+        try:
+            fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types)[0])
+            outs = fn(feeds, [g.output_name(k) for k, g in enumerate(groups)])
+        except Exception:
+            return self._run_local_one_by_one(groups, feeds)
+        return {g.value: o for g, o in zip(groups, outs)}
+
+    def _is_big(self, name: str) -> bool:
+        return self.p.index.initializer_numel(name) > SMALL_INITIALIZER
+
+    def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
+        out = {}
+        for g in groups:
+            sub = {ANCHOR + a: feeds[ANCHOR + a] for a in g.anchors}
+            sub.update({c: feeds[c] for c in g.constants if c in feeds})
+            types = {k: numpy_elem_type(v) for k, v in sub.items()}
+            key = ("local1", g.value, tuple(sorted(types.items())))
+            self.used.append(key)
+            try:
+                fn = self.p.compiled(self.rt, key, lambda: local_model(self.p.index, [g], types)[0])
+                out[g.value] = fn(sub, [g.output_name(0)])[0]
+            except Exception:
+                continue
+        return out
+
+    def _segment_records(self, seg: Segment, seconds: float) -> Iterator[Record]:
+        """The records of a segment's values, in node order: built first, measured together, then
+        yielded (resets and ``exc`` act in order)."""
+        p = self.p
+        env = self.runner.env
+        local = self._run_local(seg) if self.node_local else {}
+        n_nodes = max(1, seg.end - seg.start)
+        records: list[tuple[Record, str | None, str | None]] = []  # (record, FX name, ONNX value) compared
+        compares = []
+        outputs_of, op_types = p.index.node_outputs, p.index.op_types
+        for i in range(seg.start, seg.end):
+            for o in outputs_of[i]:
+                if not o:
+                    continue
+                fx_name = p.alignment.onnx_to_fx.get(o)
+                if fx_name is None:
+                    if op_types[i] == "Constant" or o in p.index.outputs:
+                        continue
+                    rec = self._record(None, o, R.KIND_NODE)
+                    rec.status = R.ONE_SIDED
+                    rec.comment = _join("ONNX only", self.onnx_errors.get(o, ""))
+                    if o in self.onnx_errors:
+                        rec.status = R.ERROR
+                    records.append((rec, None, None))
+                    continue
+                pair = p.alignment.pairs[fx_name]
+                rec = self._record(fx_name, o, pair.kind, pair.how)
+                rec.onnx_time_run = seconds / n_nodes
+                if o in self.onnx_errors:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, self.onnx_errors[o])
+                elif fx_name not in env:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, self.fx_errors.get(fx_name, "torch value unavailable "
+                                                                        "(an upstream FX node failed)"))
+                elif o not in self.onnx_env:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, "ONNX value unavailable")
+                else:
+                    compares.append((rec, env[fx_name], self.onnx_env[o]))
+                    records.append((rec, fx_name, o))
+                    records.extend(self._alias_records(o, compares))
+                    continue
+                records.append((rec, None, None))
+                records.extend(self._alias_records(o, compares))
+        self._compare_many(compares)
+        if local:
+            self._local_errors([(rec, fx, o) for rec, fx, o in records
+                                if o in local and fx == p.alignment.onnx_to_fx.get(o) and rec.status != R.ERROR],
+                               local)
+        for rec, fx_name, o in records:
+            if o is not None and o in self.reset and fx_name == p.alignment.onnx_to_fx.get(o):
+                try:
+                    self.onnx_env[o] = self._to_feed(env[fx_name], o)
+                    rec.status = R.RESET
+                    rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the torch value")
+                except (TypeError, ValueError) as e:
+                    rec.comment = _join(rec.comment, f"cannot reset: {e}")
+            if fx_name is not None:
+                self._check_exc(rec)
+            yield rec
+
+    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> None:
+        """err_local: the torch value against the ONNX node run on torch inputs."""
+        env = self.runner.env
+        pairs, recs = [], []
+        for rec, fx_name, o in items:
+            try:
+                got = np.asarray(local[o]).reshape(self.onnx_shapes.get(o, np.shape(local[o])))
+                expected = as_numpy(env[fx_name])
+            except (RuntimeError, ValueError, TypeError):
+                continue
+            if same_shape(expected, got):
+                pairs.append((expected, got))
+                recs.append(rec)
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol)):
+            # a node turning -inf into +inf on torch inputs creates an error too
+            rec.err_local = err.err_abs if not err.err_nan else float("inf")
+
+    def _alias_records(self, o: str, compares: list) -> list[tuple[Record, str | None, str | None]]:
+        """FX no-ops removed by the optimizer, compared with the ONNX value they equal."""
+        env = self.runner.env
+        out = []
+        for fx_name in self.p.alignment.aliases.get(o, ()):
+            rec = self._record(fx_name, o, R.KIND_NODE)
+            rec.comment = "no-op removed by the ONNX optimizer: compared with its input's twin"
+            if fx_name not in env or o not in self.onnx_env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "value unavailable")
+                out.append((rec, None, None))
+            else:
+                compares.append((rec, env[fx_name], self.onnx_env[o]))
+                out.append((rec, fx_name, o))
+        return out
+
+    def _free_onnx(self, seg: Segment) -> None:
+        outputs = set(self.p.index.outputs)
+        for name in list(seg.inputs) + list(seg.outputs):
+            if name in outputs:
+                continue
+            if self.p.last_reader.get(name, -1) < seg.end and name in self.onnx_env:
+                del self.onnx_env[name]
+
+    # -- the whole run ---------------------------------------------------------------------------
+    def records(self) -> Iterator[Record]:
+        p = self.p
+        self.runner.feed(self.flat)
+        # Sessions kept: compile them all ahead; otherwise one segment ahead, each dropped once done.
+        self._compile_ahead(0, None if self.keep_sessions else 2)
+        yield from self._input_records()
+        yield from self._weight_records()
+        for s, (a, b) in enumerate(self.ranges):
+            self.current_segment = s - 1
+            if not self.keep_sessions and s:
+                self._compile_ahead(s + 1, s + 2)
+            seg = p.segment(a, b)
+            started = self._start_segment(seg)  # runs while the FX side catches up
+            yield from self._advance_fx(self.fx_need[s])
+            seconds = self._run_segment(seg, started)
+            self.current_segment = s
+            yield from self._segment_records(seg, seconds)
+            self._free_onnx(seg)
+            self._release_fx(self.release_at[s])
+            if not self.keep_sessions:
+                p.forget(self.rt, self.used)
+            self.used.clear()
+            _return_freed_memory()
+        yield from self._advance_fx(len(p.fx_nodes))
+        yield from self._output_records()
+
+    def _input_records(self) -> Iterator[Record]:
+        for fx_name, onnx_name in self.p.alignment.input_pairs:
+            value = self.runner.env[fx_name]
+            if isinstance(value, torch.Tensor):
+                try:
+                    arr = self._to_feed(value, onnx_name)
+                except (TypeError, ValueError) as e:
+                    raise InputError(f"input {fx_name!r} cannot be fed to the ONNX model: {e}") from e
+                self.onnx_env[onnx_name] = arr
+                self.onnx_shapes[onnx_name] = arr.shape
+                rec = self._record(fx_name, onnx_name, R.KIND_INPUT)
+                vt = self.p.index.types.get(onnx_name)
+                if vt is not None and vt.elem_type and vt.elem_type != numpy_elem_type(arr):
+                    raise InputError(f"input {fx_name!r}: the ONNX model expects element type {vt.elem_type}")
+                yield self._compare(rec, value, arr)
+
+    def _weight_records(self) -> Iterator[Record]:
+        """Weights measured a batch at a time (a few vectorized passes for many small weights; the
+        batch is bounded so that transposed copies never add up to the weights' size)."""
+        p = self.p
+        env = self.runner.env
+        batch: list[tuple[Record, object, object]] = []
+        elements = 0
+        for w in p.alignment.weights:
+            rec = self._record(w.placeholder, w.onnx_name if w.onnx_name else None, R.KIND_WEIGHT)
+            rec.ep_target = w.key
+            rec.onnx_op_type = "initializer" if w.onnx_name else None
+            if not w.comparable:
+                rec.status = R.ONE_SIDED
+                rec.comment = w.comment
+                batch.append((rec, None, None))
+                continue
+            got = p.weights()[w.onnx_name]
+            batch.append((rec, env[w.placeholder], got))
+            elements += got.size
+            if elements >= BATCH_ELEMENTS:
+                yield from self._measured(batch)
+                batch, elements = [], 0
+        yield from self._measured(batch)
+
+    def _measured(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
+        """Compare the pairs of ``batch`` (records without values stay as they are), then yield all."""
+        self._compare_many([x for x in batch if x[1] is not None])
+        for rec, expected, _ in batch:
+            if expected is not None:
+                self._check_exc(rec)
+            yield rec
+
+    def _output_records(self) -> Iterator[Record]:
+        env = self.runner.env
+        fx_out = program_outputs(self.p.decomposed_ep)
+        for pos, (fx_val, onnx_name) in enumerate(zip(fx_out, self.p.index.outputs)):
+            fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None
+            rec = self._record(fx_name, onnx_name, R.KIND_OUTPUT)
+            rec.ep_name = rec.ep_name or f"output[{pos}]"
+            rec.comment = _join(f"output {pos}", rec.comment)
+            expected = env.get(fx_name) if fx_name is not None else fx_val
+            if onnx_name in self.onnx_errors:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, self.onnx_errors[onnx_name])
+            elif fx_name is not None and fx_name not in env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "torch value unavailable")
+            elif onnx_name not in self.onnx_env and onnx_name not in self.p.index.initializers:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "ONNX value unavailable")
+            elif expected is None:
+                rec.status = R.ONE_SIDED
+                rec.comment = _join(rec.comment, "torch output is None")
+            else:
+                rec = self._compare(rec, expected if isinstance(expected, torch.Tensor) else torch.tensor(expected),
+                                    self._onnx_value(onnx_name))
+                self._check_exc(rec)
+            yield rec
+
+
+def _load_malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed blocks below its (growing) mmap threshold: after each segment, hand what the
+    segment freed back to the system, so that memory follows the values alive, not the run's history."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+_SHAPE_TYPES: dict[tuple, str] = {}
+
+
+def _shape_type(code: int, shape: tuple) -> str:
+    """``T1s2x16x64``: formatted once per distinct (type, shape), a model has few of them."""
+    key = (code, shape)
+    text = _SHAPE_TYPES.get(key)
+    if text is None:
+        if len(_SHAPE_TYPES) > 4096:
+            _SHAPE_TYPES.clear()
+        text = _SHAPE_TYPES[key] = f"T{code}s{'x'.join(map(str, shape))}"
+    return text
+
+
+def _numpy_of(value) -> np.ndarray:
+    """``as_numpy`` with a fast path for the common case, a plain CPU tensor numpy can read."""
+    if type(value) is torch.Tensor:
+        try:
+            return value.numpy()
+        except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
+            pass
+    return as_numpy(value)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a and b else (a or b)

@@ -1,0 +1,329 @@
+"""A program and an ONNX model made ready for comparison, once: the decomposed program, the ONNX
+index, the alignment, size estimates for cutting segments, and caches every run reads (compiled
+segments, record fields, call plans, the ONNX weights)."""
+
+from __future__ import annotations
+
+import difflib
+from concurrent.futures import Future
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import onnx
+import torch
+
+from . import records as R
+from .align import Alignment, align
+from .background import background
+from .errors import InputError, ModelMismatchError
+from .fx_runner import check_inputs, example_size, flat_inputs, last_uses, program_outputs, small_nodes
+from .local import LocalGroup, build_group
+from .lockstep import LockstepRun
+from .loading import load_inputs
+from .onnx_index import OnnxIndex
+from .records import Record
+from .runtimes import Runtime, get_runtime
+from .segments import Segment, describe_segment, plan_segments
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-4
+SEGMENT_NODES = 400  # most ONNX nodes per segment
+MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
+
+Progress = Callable[[int, int, str], None]
+
+
+class Prepared:
+    """A program and an ONNX model made ready for comparison: decomposition, alignment, segment plan
+    and compiled sessions. Build it once (``prepare``), ``run`` it many times."""
+
+    def __init__(self, decomposed: torch.export.ExportedProgram, model: onnx.ModelProto,
+                 user_ep: torch.export.ExportedProgram | None = None, index: OnnxIndex | None = None):
+        self.decomposed_ep = decomposed
+        self.user_ep = user_ep
+        self.onnx_model = model
+        self.index = index if index is not None else OnnxIndex.build(model)
+        self.alignment: Alignment = align(decomposed, self.index, id(user_ep.graph) if user_ep else None)
+        graph = decomposed.graph
+        self.fx_nodes = list(graph.nodes)
+        self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
+        self.fx_last_use = last_uses(graph)
+        self.fx_sizes = [example_size(n) for n in self.fx_nodes]  # (elements, bytes) per node
+        self.small_fx_nodes = small_nodes(self.fx_nodes, self.fx_sizes)
+        self.fx_plans: dict[int, tuple] = {}  # FxRunner's call plans, built by the first run
+        # After node i runs: the values it read for the last time, and its own if nothing reads it.
+        self.fx_frees: list[list[str]] = [[] for _ in self.fx_nodes]
+        for name, i in self.fx_last_use.items():
+            self.fx_frees[i].append(name)
+        for i, node in enumerate(self.fx_nodes):
+            if node.op == "call_function" and node.name not in self.fx_last_use:
+                self.fx_frees[i].append(node.name)
+        self.n_fx_nodes = sum(1 for n in self.fx_nodes if n.op == "call_function")
+        self.n_onnx_nodes = len(self.index.nodes)
+        n = len(self.index.nodes)
+        self.last_reader: dict[str, int] = {}
+        for v, readers in self.index.consumers.items():
+            self.last_reader[v] = max(readers)
+        for o in self.index.outputs:
+            self.last_reader[o] = n
+        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
+        # FX values whose twin is a constant-folded initializer: compared right after they are computed
+        self.fx_folded = {fx for fx, pair in self.alignment.pairs.items()
+                          if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
+        self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
+        self.node_bytes, self.live_bytes = self._estimate_sizes()
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
+        self._segments: dict[tuple[int, int], Segment] = {}
+        self._compiled: dict[tuple, Callable] = {}
+        self._groups: dict[str, LocalGroup | None] = {}
+        self._weights: dict[str, np.ndarray] | None = None
+        self._record_fields: dict[tuple, tuple] = {}
+        self._check_outputs()
+
+    # -- one-time checks -------------------------------------------------------------------------
+    def _check_outputs(self) -> None:
+        fx_out = program_outputs(self.decomposed_ep)
+        if len(fx_out) != len(self.index.outputs):
+            raise ModelMismatchError(
+                f"the ExportedProgram has {len(fx_out)} outputs and the ONNX model {len(self.index.outputs)} "
+                f"({self.index.outputs[:5]}): they do not come from the same model; export the ONNX "
+                "model from this program (torch.onnx.export(ep, ..., dynamo=True))"
+            )
+
+    def _estimate_sizes(self) -> tuple[list[int], int]:
+        """Bytes handed back per ONNX node (its compared outputs), and the largest set of torch
+        values alive at once in an eager run: the yardstick segments are cut by."""
+        fx_bytes: dict[str, int] = {}
+        alive, live, peak = {}, 0, 0
+        last_use = self.fx_last_use
+        for i, node in enumerate(self.fx_nodes):
+            size = fx_bytes[node.name] = self.fx_sizes[i][1]
+            if node.op == "call_function":
+                alive[node.name] = size
+                live += size
+                peak = max(peak, live)
+            for inp in node.all_input_nodes:
+                if last_use.get(inp.name) == i and inp.name in alive:
+                    live -= alive.pop(inp.name)
+        per_node = []
+        wanted, onnx_to_fx, types = self.wanted, self.alignment.onnx_to_fx, self.index.types
+        for outputs in self.index.node_outputs:
+            total = 0
+            for o in outputs:
+                if o in wanted:
+                    fx = onnx_to_fx.get(o)
+                    total += fx_bytes.get(fx, 0) if fx else _onnx_bytes(types.get(o))
+            per_node.append(total)
+        return per_node, peak
+
+    def plan(self, cuts: set[int], segment_nodes: int = SEGMENT_NODES) -> list[tuple[int, int]]:
+        """Segments for a run: values handed back by one segment stay near the eager live set."""
+        # Alive at once: about the eager live set, or half the weights' size when that is larger
+        # (fewer sessions to build; weights are shared with torch, not copied, so this stays within
+        # the memory of one model).
+        budget = max(self.live_bytes, self.weight_bytes // 2, 4 * max(self.node_bytes, default=0),
+                     MIN_SEGMENT_BYTES)
+        return plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes)
+
+    # -- cached pieces ---------------------------------------------------------------------------
+    def segment(self, start: int, end: int) -> Segment:
+        key = (start, end)
+        if key not in self._segments:
+            self._segments[key] = describe_segment(self.index, start, end, self.wanted, self.last_reader)
+        return self._segments[key]
+
+    def weights(self) -> "_Weights":
+        """The ONNX file's initializers as numpy arrays, shared by every segment."""
+        if self._weights is None:
+            self._weights = _Weights(self)
+        return self._weights
+
+    def group(self, value: str) -> LocalGroup | None:
+        if value not in self._groups:
+            twins = set(self.alignment.onnx_to_fx)
+            self._groups[value] = build_group(self.index, value, twins)
+        return self._groups[value]
+
+    def compiled(self, runtime: Runtime, key: tuple, build: Callable[[], onnx.ModelProto]):
+        """A compiled piece of the model, cached per runtime instance (held here, so that its id
+        cannot be reused by another object while the entry lives)."""
+        full = (runtime.name, id(runtime)) + key
+        hit = self._compiled.get(full)
+        if hit is None:
+            hit = (runtime, runtime.compile(build()))
+            self._compiled[full] = hit
+        if isinstance(hit[1], Future):
+            try:
+                return hit[1].result()
+            except BaseException:
+                self._compiled.pop(full, None)  # compiled again (and failing again) in the caller's thread
+                raise
+        return hit[1]
+
+    def forget(self, runtime: Runtime, keys: Iterable[tuple]) -> None:
+        """Drop compiled pieces (their memory goes with them)."""
+        for key in keys:
+            self._compiled.pop((runtime.name, id(runtime)) + key, None)
+
+    def compile_ahead(self, runtime: Runtime, pieces: list[tuple[tuple, Callable[[], onnx.ModelProto]]]) -> None:
+        """Compile pieces not compiled yet in a background thread, in order: onnxruntime builds a
+        session without holding the GIL, so the coming segments compile while the FX side runs."""
+        for key, build in pieces:
+            full = (runtime.name, id(runtime)) + key
+            if full not in self._compiled:
+                self._compiled[full] = (runtime, background("sbs-compile").submit(lambda b=build: runtime.compile(b())))
+
+    def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str) -> tuple:
+        """The fields of a record known before anything runs, in ``Record``'s field order (up to
+        ``stack_trace``): worked out once per pair, read by every run."""
+        key = (fx_name, onnx_name, kind, how)
+        fields = self._record_fields.get(key)
+        if fields is not None:
+            return fields
+        index = self.index
+        i = index.producer.get(onnx_name) if onnx_name is not None else None
+        if i is not None:
+            op, node_name, out, module = index.op_types[i], index.nodes[i].name, \
+                index.node_outputs[i].index(onnx_name), index.module_of_node(i)
+        else:
+            op = "initializer" if onnx_name in index.initializers else "input" if onnx_name in index.inputs else None
+            node_name = out = None
+            module = ""
+        onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
+        comment = _MATCHED_BY.get(how, "")
+        if fx_name is not None:
+            info = self.alignment.fx_nodes[self.fx_position[fx_name]]
+            fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
+                      None, None, None, None, None, None, None, None, comment, None, R.OK,
+                      info.module or module, kind, info.origin, node_name, info.stack_line)
+        else:
+            fields = (None, i, None, onnx_name, None, op, out, None, onnx_shape, None, None, None, None, None,
+                      None, None, None, comment, None, R.OK, module, kind, None, node_name, "")
+        self._record_fields[key] = fields
+        return fields
+
+    # -- names -----------------------------------------------------------------------------------
+    def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
+        """Map names given by a user (FX node names or ONNX value names) to ONNX values."""
+        out: dict[str, str] = {}
+        fx_to_onnx = {k: p.onnx_value for k, p in self.alignment.pairs.items()}
+        for name in names:
+            if name in self.alignment.onnx_to_fx and name in self.index.producer:
+                out[name] = name
+            elif name in fx_to_onnx and fx_to_onnx[name] in self.index.producer:
+                out[name] = fx_to_onnx[name]
+            else:
+                known = list(self.alignment.onnx_to_fx) + list(fx_to_onnx)
+                close = difflib.get_close_matches(name, known, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise InputError(
+                    f"cannot reset {name!r}: it is neither an FX node nor an ONNX value computed by a node "
+                    f"with a torch twin{hint}"
+                )
+        return out
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
+            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
+            node_local: bool = False, exc: bool = False, progress: Progress | None = None,
+            histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
+            keep_sessions: bool = True) -> Iterator[Record]:
+        """Yield records in execution order; see ``run_aligned`` for the options.
+
+        ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
+        compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
+        an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
+        than the model itself."""
+        args, kwargs = load_inputs(args, kwargs)
+        flat = flat_inputs(self.decomposed_ep, args, kwargs)
+        check_inputs(self.decomposed_ep, flat)
+        user_tensors = flat[len(flat) - len(self.decomposed_ep.graph_signature.user_inputs):]
+        cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in user_tensors)
+        if cuda:
+            device = next(v.device for v in user_tensors if isinstance(v, torch.Tensor) and v.is_cuda)
+            flat = [v.to(device) if isinstance(v, torch.Tensor) else v for v in flat]
+        tensor_inputs = self.alignment.tensor_inputs
+        if len(self.index.inputs) != len(tensor_inputs):
+            raise ModelMismatchError(
+                f"the ONNX model has {len(self.index.inputs)} inputs {self.index.inputs} but the program "
+                f"{len(tensor_inputs)} tensor inputs {tensor_inputs}: they do not come from the same export"
+            )
+        rt = get_runtime(runtime, cuda=cuda)
+        reset = self.resolve_names(reset_names)
+        return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
+                    histogram, segment_nodes, keep_sessions).records()
+
+
+class _Weights:
+    """The ONNX file's initializers, as a read-only mapping name -> numpy array.
+
+    An initializer bitwise equal to the torch parameter it comes from (or to its transpose, the
+    optimizer's folded weights) is served from the parameter's memory instead of a second copy: the
+    ONNX side still computes with exactly the file's values, and the weights are held once.
+    """
+
+    def __init__(self, p: "Prepared"):
+        self._arrays: dict[str, np.ndarray] = {}
+        self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
+        params = {**p.decomposed_ep.state_dict, **{k: v for k, v in p.decomposed_ep.constants.items()
+                                                    if isinstance(v, torch.Tensor)}}
+        twins: dict[str, tuple[str, bool]] = {}
+        for w in p.alignment.weights:
+            if w.onnx_name and w.comparable:
+                twins[w.onnx_name] = (w.key, False)
+        for name in p.index.initializers:
+            src = p.index.folded_from(name)
+            if name not in twins and len(src) == 1 and src[0] in params:
+                twins[name] = (src[0], True)
+        for name in p.index.initializers:
+            arr = p.index.initializer_array(name)
+            twin = twins.get(name)
+            if twin is not None and twin[0] in params and arr.size > 1024:
+                t = params[twin[0]].detach()
+                if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+                    view = t.numpy()
+                    view = view.T if twin[1] and view.ndim == 2 else view
+                    if view.shape == arr.shape and view.dtype == arr.dtype and np.array_equal(view, arr):
+                        self._views[name] = (t, twin[1] and view.ndim == 2)
+                        continue
+            self._arrays[name] = arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._arrays:
+            return self._arrays[name]
+        t, transposed = self._views[name]
+        # A transposed view is made contiguous for the runtime: a copy alive for one segment only.
+        return np.ascontiguousarray(t.numpy().T) if transposed else t.numpy()
+
+    def __contains__(self, name) -> bool:
+        return name in self._arrays or name in self._views
+
+    def __iter__(self):
+        yield from self._arrays
+        yield from self._views
+
+    def __len__(self) -> int:
+        return len(self._arrays) + len(self._views)
+
+    def keys(self):
+        return list(self)
+
+    @property
+    def shared(self) -> int:
+        """How many initializers are served from torch's memory."""
+        return len(self._views)
+
+
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+
+def _onnx_bytes(vt) -> int:
+    if vt is None or vt.shape is None:
+        return 0
+    n = 1
+    for d in vt.shape:
+        n *= d if isinstance(d, int) and d > 0 else 16
+    return n * _ITEMSIZE.get(vt.elem_type, 4)
+
+
+_MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
