@@ -7,13 +7,13 @@ Printed per model (medians over --repeat runs, each measurement in a fresh subpr
 - ours / floor             (target <= 2.0): prepare + first run (sessions compiled), decomposed EP given;
 - ours node_local / floor  (target <= 3.0);
 - rerun / floor            a rerun on the prepared pair (reset experiments pay only this);
-- onnx-diagnostic / ours   (target >= 20 on the tiny model): its run_aligned on the same decomposed EP,
-                           both models run once before in the process (the notebook case); "cold":
-                           onnxruntime never ran the model before (a fresh process);
+- onnx-diagnostic / ours   (target >= 20 on the tiny model): its run_aligned on the same decomposed EP;
 - decomposition (s)        the one-time cost when the user hands over the user EP (cached afterwards);
 - memory ratio             peak RSS above the loaded state / (weights + largest live set of the
                            eager run), target <= 2.0; printed for the floor too (floor_mem_ratio). The
-                           peak is the kernel's high-water mark (reset at the start), not a sample.
+                           peak is the kernel's high-water mark (reset at the start): a thread sampling
+                           RSS every millisecond (before) slowed onnx-diagnostic by ~50% and us by less,
+                           through GIL hand-offs, and could miss short peaks.
 
     pip install -e ".[bench]"
     python benchmarks/speed_memory.py                 # tiny 16-layer LLaMA (hidden 64) and mid one
@@ -188,44 +188,29 @@ def _with_memory_format(op, fmt, kwargs):
     return call
 
 
-def _warm_up(program, model, args, kwargs, onnxruntime_warm: bool = True) -> None:
+def _warm_up(program, model, args, kwargs) -> None:
     """The loaded state every mode starts from: both models loaded and run once, as a user has done
     before comparing them (they saw the outputs differ). The program's first run alone costs ~8 MB on
     the tiny model (MKL/oneDNN buffers the process keeps), more than its weights; onnxruntime's first
-    run of a model faults in its kernels' code and initializes them. The warm-up session is dropped and
-    freed memory handed back to the system (``malloc_trim``) before the baseline is read, so a mode
-    cannot reuse it.
-
-    ``onnxruntime_warm=False`` (the ``*_cold`` modes): onnxruntime has only run a one-node model, as in
-    a fresh process comparing a model it never ran: onnx-diagnostic builds a session per node and
-    pays onnxruntime's first use of each kernel then (~0.75 s on the tiny model)."""
+    run of a model faults in its kernels' code. The warm-up session is dropped and freed memory handed
+    back to the system (``malloc_trim``) before the baseline is read, so a mode cannot reuse it.
+    (Timings do not depend on it: onnx-diagnostic took 1.50 s with onnxruntime cold, 1.52 s warm.)"""
     import ctypes
     import gc
 
     from sbs_widget.fx_runner import flat_inputs
 
-    import numpy as np
-    import onnx
     import onnxruntime as ort
     import torch
-    from onnx import helper
 
     flat = flat_inputs(program, args, kwargs)
     with torch.no_grad():
         program.graph_module(*flat)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if onnxruntime_warm:
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        user = [t for t in flat[len(flat) - len(program.graph_signature.user_inputs):] if isinstance(t, torch.Tensor)]
-        session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), user)})
-    else:
-        graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g",
-                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
-                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
-        one = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        session = ort.InferenceSession(one.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        session.run(None, {"x": np.ones(2, dtype=np.float32)})
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    user = [t for t in flat[len(flat) - len(program.graph_signature.user_inputs):] if isinstance(t, torch.Tensor)]
+    session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), user)})
     del session
     gc.collect()
     try:
@@ -239,9 +224,7 @@ def measure(mode: str, name: str, cache: str) -> dict:
     import torch
 
     ep, decomposed, model, args, kwargs = _export(name, cache)
-    cold = mode.endswith("_cold")
-    mode = mode.removesuffix("_cold")
-    _warm_up(decomposed, model, args, kwargs, onnxruntime_warm=not cold)
+    _warm_up(decomposed, model, args, kwargs)
     out: dict = {"mode": mode, "model": name}
     if mode == "export":
         out["seconds"] = 0.0
@@ -317,11 +300,11 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.one, args.models, args.cache)))
         return 0
     cache = args.cache or tempfile.mkdtemp(prefix="sbs_bench_")
-    modes = ["floor", "ours", "ours_local", "decompose", "ours_cold"]
+    modes = ["floor", "ours", "ours_local", "decompose"]
     if not args.no_reference:
         try:
             import onnx_diagnostic  # noqa: F401
-            modes += ["reference", "reference_cold"]
+            modes.append("reference")
         except ImportError:
             print("onnx-diagnostic is not installed (pip install -e '.[bench]'): skipped", file=sys.stderr)
     rows = []
@@ -330,7 +313,7 @@ def main(argv=None) -> int:
         runs: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(args.repeat):
             for mode in modes:  # interleaved: each repeat measures every mode under the same load
-                if mode.startswith("reference") and r > 0 and name != "tiny":
+                if mode == "reference" and r > 0 and name != "tiny":
                     continue  # slow; one run is enough on the bigger model
                 runs[mode].append(_spawn(mode, name, cache))
                 print(f"  {name} {mode} #{r}: {runs[mode][-1]['seconds']:.3f}s", file=sys.stderr, flush=True)
@@ -353,9 +336,6 @@ def main(argv=None) -> int:
         if "reference" in med:
             row["onnx_diagnostic_s"] = round(med["reference"], 2)
             row["onnx_diagnostic/ours"] = round(med["reference"] / med["ours"], 1)
-            # onnxruntime never ran this model in the process before: first use of each kernel
-            row["onnx_diagnostic_cold_s"] = round(med["reference_cold"], 2)
-            row["onnx_diagnostic/ours cold"] = round(med["reference_cold"] / med["ours_cold"], 1)
             row["onnx_diagnostic_mem_ratio"] = round(runs["reference"][0]["rss_above"] / denominator, 2)
         rows.append(row)
     print()
