@@ -129,13 +129,19 @@ class SerializedNodes:
     node's bytes, and kept by the runtime if given), as the records of a GraphProto's ``node`` field,
     plus the model fields every segment repeats (IR version, opsets, local functions)."""
 
+    CHUNK = 128  # nodes copied at a time: their metadata is copied before it is cleared
+
     def __init__(self, model: onnx.ModelProto):
-        graph = onnx.GraphProto()
-        graph.node.extend(model.graph.node)
-        for node in graph.node:
-            node.ClearField("metadata_props")
-            node.ClearField("doc_string")
-        self.data = graph.SerializeToString()
+        nodes = model.graph.node
+        parts = []
+        for start in range(0, len(nodes), self.CHUNK):
+            graph = onnx.GraphProto()
+            graph.node.extend(nodes[start:start + self.CHUNK])
+            for node in graph.node:
+                node.ClearField("metadata_props")
+                node.ClearField("doc_string")
+            parts.append(graph.SerializeToString())
+        self.data = b"".join(parts)
         # Only field 1 is set: the bytes are (tag, length, NodeProto) records, one per node, in order.
         offsets = [0]
         data, pos, end = self.data, 0, len(self.data)
