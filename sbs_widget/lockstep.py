@@ -253,14 +253,11 @@ class LockstepRun:
                 pieces.append(self._segment_piece(seg, types))
         p.compile_ahead(self.rt, pieces)
 
-    def _start_segment(self, seg: Segment) -> Future | None:
-        """Start running ``seg`` in the runner thread, so that it runs while the FX side computes the
-        same stretch of the model (onnxruntime and torch kernels release the GIL). None when it runs
-        in this thread instead: a runtime not declared thread-safe, or feeds missing (a failed node)."""
-        if not getattr(self.rt, "compiles_in_background", False) or not seg.outputs:
-            return None
+    def _segment_job(self, seg: Segment) -> Callable[[], tuple[list, float]] | None:
+        """Running ``seg`` on the values at hand, as a call returning (outputs, seconds); None when
+        it cannot run whole (feeds missing after a failed node, or nothing to hand back)."""
         feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
-        if len(feeds) != len(seg.inputs):
+        if len(feeds) != len(seg.inputs) or not seg.outputs:
             return None
         key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
         self.used.append(key)
@@ -271,28 +268,29 @@ class LockstepRun:
             outs = prepared.compiled(runtime, key, build)(feeds, outputs)
             return outs, time.perf_counter() - begin
 
-        return background("sbs-run").submit(run)
+        return run
+
+    def _start_segment(self, seg: Segment) -> Future | None:
+        """Start running ``seg`` in the runner thread, so that it runs while the FX side computes the
+        same stretch of the model (onnxruntime and torch kernels release the GIL). None when it runs
+        in this thread instead: a runtime not declared thread-safe, or a segment that cannot run whole."""
+        if not getattr(self.rt, "compiles_in_background", False):
+            return None
+        job = self._segment_job(seg)
+        return background("sbs-run").submit(job) if job is not None else None
 
     def _run_segment(self, seg: Segment, started: Future | None = None) -> float:
         """Run ``seg`` (or collect the run ``_start_segment`` started); a segment that fails runs node
         by node, in this thread."""
         begin = time.perf_counter()
-        outs = None
-        if started is not None:
-            try:
+        try:
+            if started is not None:
                 outs, seconds = started.result()
-            except Exception:  # an op the runtime cannot run: find it node by node
-                outs = None
-        else:
-            feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
-            if len(feeds) == len(seg.inputs) and seg.outputs:
-                key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
-                self.used.append(key)
-                try:
-                    outs = self.p.compiled(self.rt, key, build)(feeds, seg.outputs)
-                except Exception:
-                    outs = None
-            seconds = time.perf_counter() - begin
+            else:
+                job = self._segment_job(seg)
+                outs, seconds = job() if job is not None else (None, 0.0)
+        except Exception:  # an op the runtime cannot run: find it node by node
+            outs = None
         if outs is not None:
             for o, arr in zip(seg.outputs, outs):
                 self.onnx_env[o] = arr
