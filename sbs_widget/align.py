@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fx_runner import numel_hint
 from .onnx_index import OnnxIndex, ValueType
 
 _TORCH_TO_ONNX = {
@@ -57,6 +58,8 @@ class FxNodeInfo:
     origin: str | None = None
     shape_type: str = ""
     is_tensor: bool = False
+    elements: int = 0  # of the example outputs (symbolic dimensions at their example value)
+    nbytes: int = 0
 
 
 @dataclass
@@ -130,6 +133,25 @@ def _shape_matches(val, vt: ValueType | None) -> bool:
     return True
 
 
+class _ShapeMatcher:
+    """``_shape_matches`` remembered per (dtype, shape, ONNX type): a model repeats a few shapes."""
+
+    def __init__(self):
+        self._known: dict = {}
+
+    def __call__(self, val, vt: ValueType | None) -> bool:
+        if vt is None or not isinstance(val, torch.Tensor):
+            return _shape_matches(val, vt)
+        key = (val.dtype, val.shape, vt)
+        try:
+            hit = self._known.get(key)
+        except TypeError:  # symbolic dimensions do not hash
+            return _shape_matches(val, vt)
+        if hit is None:
+            hit = self._known[key] = _shape_matches(val, vt)
+        return hit
+
+
 def _module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:
@@ -137,10 +159,24 @@ def _module_path(node: torch.fx.Node) -> str:
     return next(reversed(stack.values()))[0]
 
 
+_STACK_LINES: dict[str, str] = {}  # trace -> its last frame: layers repeat the same traces
+
+
 def _stack_line(node: torch.fx.Node) -> str:
-    trace = (node.meta.get("stack_trace") or "").rstrip()
-    # only the tail matters: traces are long and every node has one
-    lines = [ln.strip() for ln in trace.rsplit("\n", 3)[-3:] if ln.strip()]
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return ""
+    line = _STACK_LINES.get(trace)
+    if line is None:
+        if len(_STACK_LINES) > 50_000:
+            _STACK_LINES.clear()
+        line = _STACK_LINES[trace] = _last_frame(trace)
+    return line
+
+
+def _last_frame(trace: str) -> str:
+    # only the tail matters: traces are long
+    lines = [ln.strip() for ln in trace.rstrip().rsplit("\n", 3)[-3:] if ln.strip()]
     # "File ..., line N, in f" followed by the code line: keep both, compactly.
     if len(lines) >= 2 and lines[-2].startswith("File"):
         return f"{lines[-2]}: {lines[-1]}"
@@ -159,15 +195,19 @@ def _origin(node: torch.fx.Node, user_graph_id: int | None) -> str | None:
     return last if user_graph_id is None else (last or node.name)
 
 
-def _tensor_shape_type(val: torch.Tensor, cache: dict) -> str:
-    key = (val.dtype, tuple(val.shape))
+def _tensor_description(val: torch.Tensor, cache: dict) -> tuple[str, int, int]:
+    """(shape text, elements, bytes) of an example tensor, worked out once per (dtype, shape): a
+    program has few distinct ones, and reading a fake tensor's sizes costs more than a lookup."""
+    key = (val.dtype, val.shape)
     try:
-        text = cache.get(key)
+        known = cache.get(key)
     except TypeError:  # symbolic dimensions do not hash
-        return fx_shape_type(val)
-    if text is None:
-        text = cache[key] = fx_shape_type(val)
-    return text
+        elements = numel_hint(val)
+        return fx_shape_type(val), elements, elements * val.element_size()
+    if known is None:
+        elements = numel_hint(val)
+        known = cache[key] = (fx_shape_type(val), elements, elements * val.element_size())
+    return known
 
 
 _TARGET_NAMES: dict = {}  # op -> str(op): an op's name costs more to format than to look up
@@ -187,19 +227,27 @@ def target_name(target) -> str:
 
 def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None) -> list[FxNodeInfo]:
     infos = []
-    shape_types: dict = {}  # (dtype, shape) -> text; a program has few distinct ones
+    tensors: dict = {}  # (dtype, shape) -> (text, elements, bytes)
     for i, node in enumerate(program.graph.nodes):
         val = node.meta.get("val")
         call = node.op == "call_function"
-        target = target_name(node.target) if call else node.op
-        is_tensor = isinstance(val, torch.Tensor)
-        infos.append(FxNodeInfo(
-            index=i, name=node.name, op=node.op, target=target,
-            module=_module_path(node), stack_line=_stack_line(node),
-            origin=_origin(node, user_graph_id) if call else None,
-            shape_type=_tensor_shape_type(val, shape_types) if is_tensor else fx_shape_type(val),
-            is_tensor=is_tensor or is_scalar(val),
-        ))
+        info = FxNodeInfo(index=i, name=node.name, op=node.op,
+                          target=target_name(node.target) if call else node.op,
+                          module=_module_path(node), stack_line=_stack_line(node),
+                          origin=_origin(node, user_graph_id) if call else None)
+        if isinstance(val, torch.Tensor):
+            info.shape_type, info.elements, info.nbytes = _tensor_description(val, tensors)
+            info.is_tensor = True
+        else:
+            info.shape_type = fx_shape_type(val)
+            info.is_tensor = is_scalar(val)
+            if isinstance(val, (tuple, list)):  # multi-output nodes
+                for v in val:
+                    if isinstance(v, torch.Tensor):
+                        _, elements, nbytes = _tensor_description(v, tensors)
+                        info.elements += elements
+                        info.nbytes += nbytes
+        infos.append(info)
     return infos
 
 
@@ -207,6 +255,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     graph = program.graph
     nodes = list(graph.nodes)
     al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id))
+    shape_matches = _ShapeMatcher()
 
     # ONNX nodes grouped by the FX node they translate.
     for i, fx in enumerate(index.node_fx):
@@ -275,10 +324,10 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         name = node.name
         # 1. by name, checked by provenance and type
         if name in produced and index.node_fx[produced[name]] in (name, None) \
-                and _shape_matches(val, index.types.get(name)) and name not in al.onnx_to_fx:
+                and shape_matches(val, index.types.get(name)) and name not in al.onnx_to_fx:
             take(name, name, "name")
             continue
-        if name in index.initializers and _shape_matches(val, index.types.get(name)) \
+        if name in index.initializers and shape_matches(val, index.types.get(name)) \
                 and name not in al.onnx_to_fx:
             take(name, name, "name")
             continue
@@ -292,7 +341,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     if not o or o in al.onnx_to_fx:
                         continue
                     used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs
-                    if used_outside and _shape_matches(val, index.types.get(o)):
+                    if used_outside and shape_matches(val, index.types.get(o)):
                         ends.append(o)
             if len(ends) >= 1:
                 take(name, ends[-1], "metadata")
@@ -313,7 +362,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     producer = produced.get(x)
                     if producer is not None and index.node_fx[producer] == user.name:
                         continue  # internal to the consumer's own translation
-                    if _shape_matches(val, index.types.get(x)):
+                    if shape_matches(val, index.types.get(x)):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
         if len(folded) == 1:

@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
 _FX_TARGET_RE = re.compile(r"call_function\[target=([^\]]+)\]")
+_FX_CALL_RE = re.compile(r"%(\S+) : .*?call_function\[target=([^\]]+)\]")
 _QUOTED = re.compile(r"'([^']*)'")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
@@ -30,7 +31,7 @@ ONNX_TO_NUMPY = {
 }
 
 
-@dataclass(slots=True)  # one per value of the model
+@dataclass(slots=True, frozen=True)  # shared by the values of one type (a model has few types)
 class ValueType:
     elem_type: int = 0
     shape: tuple | None = None  # ints and str (symbolic dims); None if unknown rank
@@ -63,6 +64,23 @@ def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
     # dim_value and dim_param are a oneof: a zero dim_value is a known 0 only if it is the one set.
     return ValueType(tt.elem_type, tuple(d.dim_value or d.dim_param or (0 if d.HasField("dim_value") else "?")
                                          for d in tt.shape.dim))
+
+
+def _fx_and_scopes(props) -> tuple[str | None, str | None]:
+    """The ``fx_node`` and ``name_scopes`` metadata of a node. The exporter writes them third and
+    fourth: looked up there first (reading every key of every node costs twice as much)."""
+    if len(props) > 3:
+        fx, scopes = props[2], props[3]
+        if fx.key == _FX_NODE_KEY and scopes.key == _SCOPES_KEY:
+            return fx.value, scopes.value
+    fx = scopes = None
+    for prop in props:
+        key = prop.key
+        if key == _FX_NODE_KEY:
+            fx = prop.value
+        elif key == _SCOPES_KEY:
+            scopes = prop.value
+    return fx, scopes
 
 
 # Standard ops with graph attributes: only those (and custom-domain ops, which may have them) have their
@@ -113,8 +131,13 @@ class OnnxIndex:
         init_names = set(idx.initializers)
         idx.inputs = [i.name for i in g.input if i.name not in init_names]
         idx.outputs = [o.name for o in g.output]
+        parsed: dict[bytes, ValueType] = {}  # serialized TypeProto -> its ValueType
         for vi in list(g.input) + list(g.output) + list(g.value_info):
-            vt = _value_type(vi)
+            # Serializing a type is cheaper than reading its fields, and a model has few distinct ones.
+            key = vi.type.SerializeToString()
+            vt = parsed.get(key)
+            if vt is None:
+                vt = parsed[key] = _value_type(vi)
             if vt.elem_type or vi.name not in idx.types:
                 idx.types[vi.name] = vt
             if vi.metadata_props:
@@ -141,19 +164,18 @@ class OnnxIndex:
                 idx.constant_nodes[outputs[0]] = i
             # Only the two keys read for every node are kept (the rest, stack traces included, is
             # most of an index's memory otherwise): ``node_meta`` reads any key from the model.
-            fx = scopes = None
-            for prop in node.metadata_props:
-                key = prop.key
-                if key == _FX_NODE_KEY:
-                    fx = prop.value
-                elif key == _SCOPES_KEY:
-                    scopes = prop.value
+            fx, scopes = _fx_and_scopes(node.metadata_props)
             idx.node_scopes.append(scopes)
-            fx = fx or ""
-            m = _FX_NODE_RE.match(fx)
-            idx.node_fx.append(m.group(1) if m else None)
-            t = _FX_TARGET_RE.search(fx)
-            idx.node_fx_target.append(t.group(1) if t else None)
+            m = _FX_CALL_RE.match(fx) if fx else None
+            if m is not None:  # the usual case, one regex pass
+                idx.node_fx.append(m.group(1))
+                idx.node_fx_target.append(m.group(2))
+            else:
+                fx = fx or ""
+                m = _FX_NODE_RE.match(fx)
+                idx.node_fx.append(m.group(1) if m else None)
+                t = _FX_TARGET_RE.search(fx)
+                idx.node_fx_target.append(t.group(1) if t else None)
         return idx
 
     def module_of_node(self, i: int) -> str:

@@ -16,7 +16,7 @@ from . import records as R
 from .align import Alignment, align
 from .background import background
 from .errors import InputError, ModelMismatchError
-from .fx_runner import check_inputs, example_size, flat_inputs, last_uses, program_outputs, small_nodes
+from .fx_runner import check_inputs, flat_inputs, last_uses, program_outputs, small_nodes
 from .local import LocalGroup, build_group
 from .lockstep import LockstepRun
 from .loading import load_inputs
@@ -48,7 +48,7 @@ class Prepared:
         self.fx_nodes = list(graph.nodes)
         self.fx_position = {n.name: i for i, n in enumerate(self.fx_nodes)}
         self.fx_last_use = last_uses(graph)
-        self.fx_sizes = [example_size(n) for n in self.fx_nodes]  # (elements, bytes) per node
+        self.fx_sizes = [(info.elements, info.nbytes) for info in self.alignment.fx_nodes]
         self.small_fx_nodes = small_nodes(self.fx_nodes, self.fx_sizes)
         self.fx_plans: dict[int, tuple] = {}  # FxRunner's call plans, built by the first run
         # After node i runs: the values it read for the last time, and its own if nothing reads it.
