@@ -127,7 +127,23 @@ class LockstepRun:
         """Fill the error fields of each ``(record, torch value, ONNX value)``, all pairs at once: the
         figures of a whole segment come from a few vectorized passes (``compute_errors_many``)."""
         ready, arrays = [], []
+        described = _DESCRIBED
         for rec, expected, got in items:
+            # The common case, checked first: a CPU tensor and an array of the same dtype and shape.
+            if type(expected) is torch.Tensor and type(got) is np.ndarray:
+                try:
+                    e = expected.numpy()
+                except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
+                    e = None
+                if e is not None and e.dtype == got.dtype and e.shape == got.shape:
+                    key = (e.dtype, e.shape)
+                    text = described.get(key)
+                    if text is None:
+                        text = described[key] = _shape_type(numpy_elem_type(e), e.shape)
+                    rec.ep_shape_type = rec.onnx_shape_type = text
+                    ready.append(rec)
+                    arrays.append((e, got))
+                    continue
             pair = self._readable(rec, expected, got)
             if pair is not None:
                 ready.append(rec)
@@ -397,61 +413,64 @@ class LockstepRun:
         """The records of a segment's values, in node order: built first, measured together, then
         yielded (resets and ``exc`` act in order)."""
         p = self.p
-        env = self.runner.env
+        env, onnx_env, onnx_errors, fx_times = self.runner.env, self.onnx_env, self.onnx_errors, self.fx_times
         local = self._run_local(seg) if self.node_local else {}
-        n_nodes = max(1, seg.end - seg.start)
+        onnx_time = seconds / max(1, seg.end - seg.start)
         records: list[tuple[Record, str | None, str | None]] = []  # (record, FX name, ONNX value) compared
         compares = []
-        outputs_of, op_types = p.index.node_outputs, p.index.op_types
-        for i in range(seg.start, seg.end):
-            for o in outputs_of[i]:
-                if not o:
-                    continue
-                fx_name = p.alignment.onnx_to_fx.get(o)
-                if fx_name is None:
-                    if op_types[i] == "Constant" or o in p.index.outputs:
-                        continue
-                    rec = self._record(None, o, R.KIND_NODE)
-                    rec.status = R.ONE_SIDED
-                    rec.comment = _join("ONNX only", self.onnx_errors.get(o, ""))
-                    if o in self.onnx_errors:
-                        rec.status = R.ERROR
-                    records.append((rec, None, None))
-                    continue
-                pair = p.alignment.pairs[fx_name]
-                rec = self._record(fx_name, o, pair.kind, pair.how)
-                rec.onnx_time_run = seconds / n_nodes
-                if o in self.onnx_errors:
+        for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
+            rec = Record(*fields)
+            if fx_name is None:  # ONNX only
+                rec.status = R.ONE_SIDED
+                rec.comment = "ONNX only"
+                if o in onnx_errors:
                     rec.status = R.ERROR
-                    rec.comment = _join(rec.comment, self.onnx_errors[o])
-                elif fx_name not in env:
-                    rec.status = R.ERROR
-                    rec.comment = _join(rec.comment, self.fx_errors.get(fx_name, "torch value unavailable "
-                                                                        "(an upstream FX node failed)"))
-                elif o not in self.onnx_env:
-                    rec.status = R.ERROR
-                    rec.comment = _join(rec.comment, "ONNX value unavailable")
-                else:
-                    compares.append((rec, env[fx_name], self.onnx_env[o]))
-                    records.append((rec, fx_name, o))
-                    records.extend(self._alias_records(o, compares))
-                    continue
+                    rec.comment = _join(rec.comment, onnx_errors[o])
                 records.append((rec, None, None))
-                records.extend(self._alias_records(o, compares))
+                continue
+            rec.ep_time_run = fx_times.get(fx_name)
+            rec.onnx_time_run = onnx_time
+            if o in onnx_errors:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, onnx_errors[o])
+                records.append((rec, None, None))
+            elif fx_name not in env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, self.fx_errors.get(fx_name, "torch value unavailable "
+                                                                    "(an upstream FX node failed)"))
+                records.append((rec, None, None))
+            elif o not in onnx_env:
+                rec.status = R.ERROR
+                rec.comment = _join(rec.comment, "ONNX value unavailable")
+                records.append((rec, None, None))
+            else:
+                compares.append((rec, env[fx_name], onnx_env[o]))
+                records.append((rec, fx_name, o))
+            for alias, alias_fields in aliases:  # FX no-ops removed by the optimizer
+                rec = Record(*alias_fields)
+                rec.ep_time_run = fx_times.get(alias)
+                if alias not in env or o not in onnx_env:
+                    rec.status = R.ERROR
+                    rec.comment = _join(rec.comment, "value unavailable")
+                    records.append((rec, None, None))
+                else:
+                    compares.append((rec, env[alias], onnx_env[o]))
+                    records.append((rec, alias, o))
         self._compare_many(compares)
         if local:
             self._local_errors([(rec, fx, o) for rec, fx, o in records
                                 if o in local and fx == p.alignment.onnx_to_fx.get(o) and rec.status != R.ERROR],
                                local)
+        reset, exc = self.reset, self.exc
         for rec, fx_name, o in records:
-            if o is not None and o in self.reset and fx_name == p.alignment.onnx_to_fx.get(o):
+            if reset and o is not None and o in reset and fx_name == p.alignment.onnx_to_fx.get(o):
                 try:
-                    self.onnx_env[o] = self._to_feed(env[fx_name], o)
+                    onnx_env[o] = self._to_feed(env[fx_name], o)
                     rec.status = R.RESET
                     rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the torch value")
                 except (TypeError, ValueError) as e:
                     rec.comment = _join(rec.comment, f"cannot reset: {e}")
-            if fx_name is not None:
+            if exc and fx_name is not None:
                 self._check_exc(rec)
             yield rec
 
@@ -471,22 +490,6 @@ class LockstepRun:
         for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol)):
             # a node turning -inf into +inf on torch inputs creates an error too
             rec.err_local = err.err_abs if not err.err_nan else float("inf")
-
-    def _alias_records(self, o: str, compares: list) -> list[tuple[Record, str | None, str | None]]:
-        """FX no-ops removed by the optimizer, compared with the ONNX value they equal."""
-        env = self.runner.env
-        out = []
-        for fx_name in self.p.alignment.aliases.get(o, ()):
-            rec = self._record(fx_name, o, R.KIND_NODE)
-            rec.comment = "no-op removed by the ONNX optimizer: compared with its input's twin"
-            if fx_name not in env or o not in self.onnx_env:
-                rec.status = R.ERROR
-                rec.comment = _join(rec.comment, "value unavailable")
-                out.append((rec, None, None))
-            else:
-                compares.append((rec, env[fx_name], self.onnx_env[o]))
-                out.append((rec, fx_name, o))
-        return out
 
     def _free_onnx(self, seg: Segment) -> None:
         outputs = set(self.p.index.outputs)
@@ -619,6 +622,7 @@ def _return_freed_memory() -> None:
 
 
 _SHAPE_TYPES: dict[tuple, str] = {}
+_DESCRIBED: dict[tuple, str] = {}  # (numpy dtype, shape) -> shape text, for the common case
 
 
 def _shape_type(code: int, shape: tuple) -> str:

@@ -178,13 +178,13 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram) -> None:
         highest = float(top[finite].max()) if finite.any() else 0.0
         # Passes whose answer the highest |diff| already gives are skipped: on agreeing values (the
         # common case) the tolerance test, h01/h001 and most histogram buckets cost nothing.
-        viol = _count_per_pair(diff > atol + rtol * ae, starts) if highest > atol else np.zeros(k, np.int64)
+        viol = _count_per_pair(diff > atol + rtol * ae, starts) if highest > atol else np.zeros(k, np.int32)
         eps = calc(1e-6)
         ae[ae < eps] = eps  # max(|torch|, 1e-6): a masked write is 3x faster than np.maximum here
         rel = np.maximum.reduceat(np.divide(diff, ae, out=ae), starts)
         del ae
         dev = np.sqrt(np.add.reduceat(np.square(diff), starts) / n)
-        zero = np.zeros(k, np.int64)
+        zero = np.zeros(k, np.int32)
         h01 = _count_per_pair(diff > 0.1, starts) if highest > 0.1 else zero
         h001 = _count_per_pair(diff > 0.01, starts) if highest > 0.01 else zero
         if histogram:  # counts at or above each edge, then per bucket
@@ -208,5 +208,6 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram) -> None:
 
 
 def _count_per_pair(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Number of True per pair (a uint8 view sums faster than booleans)."""
-    return np.add.reduceat(mask.view(np.uint8), starts, dtype=np.int64)
+    """Number of True per pair: a uint8 view summed into int32 (2x faster than into int64; a batch
+    holds fewer than 2**31 elements)."""
+    return np.add.reduceat(mask.view(np.uint8), starts, dtype=np.int32)

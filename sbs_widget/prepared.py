@@ -78,6 +78,7 @@ class Prepared:
         self._groups: dict[str, LocalGroup | None] = {}
         self._weights: dict[str, np.ndarray] | None = None
         self._record_fields: dict[tuple, tuple] = {}
+        self._segment_records: dict[tuple[int, int], list[tuple]] = {}
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------
@@ -173,10 +174,41 @@ class Prepared:
             if full not in self._compiled:
                 self._compiled[full] = (runtime, background("sbs-compile").submit(lambda b=build: runtime.compile(b())))
 
-    def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str) -> tuple:
+    def segment_records(self, start: int, end: int) -> list[tuple]:
+        """What the records of segment ``[start, end)`` are, worked out once: per ONNX value in node
+        order, ``(value, FX twin or None, record fields, ((FX alias, its record fields), ...))``;
+        values with neither a twin nor a reason to be reported (Constant nodes, model outputs) are
+        left out."""
+        key = (start, end)
+        plan = self._segment_records.get(key)
+        if plan is not None:
+            return plan
+        plan = []
+        index, onnx_to_fx, pairs, aliases = self.index, self.alignment.onnx_to_fx, self.alignment.pairs, \
+            self.alignment.aliases
+        outputs = set(index.outputs)
+        for i in range(start, end):
+            for o in index.node_outputs[i]:
+                if not o:
+                    continue
+                fx_name = onnx_to_fx.get(o)
+                if fx_name is None:
+                    if index.op_types[i] != "Constant" and o not in outputs:
+                        plan.append((o, None, self.record_fields(None, o, R.KIND_NODE, ""), ()))
+                    continue
+                pair = pairs[fx_name]
+                more = tuple((a, self.record_fields(a, o, R.KIND_NODE, "", _ALIAS_COMMENT))
+                             for a in aliases.get(o, ()))
+                plan.append((o, fx_name, self.record_fields(fx_name, o, pair.kind, pair.how), more))
+        self._segment_records[key] = plan
+        return plan
+
+    def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str,
+                      comment: str | None = None) -> tuple:
         """The fields of a record known before anything runs, in ``Record``'s field order (up to
-        ``stack_trace``): worked out once per pair, read by every run."""
-        key = (fx_name, onnx_name, kind, how)
+        ``stack_trace``): worked out once per pair, read by every run. ``comment``: instead of the
+        one saying how the pair was matched."""
+        key = (fx_name, onnx_name, kind, how, comment)
         fields = self._record_fields.get(key)
         if fields is not None:
             return fields
@@ -190,7 +222,8 @@ class Prepared:
             node_name = out = None
             module = ""
         onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
-        comment = _MATCHED_BY.get(how, "")
+        if comment is None:
+            comment = _MATCHED_BY.get(how, "")
         if fx_name is not None:
             info = self.alignment.fx_nodes[self.fx_position[fx_name]]
             fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
@@ -326,4 +359,5 @@ def _onnx_bytes(vt) -> int:
     return n * _ITEMSIZE.get(vt.elem_type, 4)
 
 
+_ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
 _MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
