@@ -110,14 +110,36 @@ def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) ->
     shell = onnx.GraphProto(
         name=f"segment_{seg.start}_{seg.end}",
         input=[helper.make_tensor_value_info(x, feed_types[x], None) for x in seg.inputs],
-        output=[_output_info(index, o) for o in seg.outputs],
         initializer=[index.initializers[x] for x in seg.embedded],
     )
     nodes = _serialized_nodes(index)
     # A message field given twice is merged by protobuf parsers (repeated fields concatenate): the
-    # graph is the shell (inputs, outputs, initializers) followed by the nodes' records.
-    graph = shell.SerializeToString() + nodes.records(seg.start, seg.end)
+    # graph is the shell (inputs, initializers), the outputs' records, then the nodes' records.
+    records = nodes.output_records
+    outputs = b"".join([records.get(o) or _output_record(index, o, records) for o in seg.outputs])
+    graph = shell.SerializeToString() + outputs + nodes.records(seg.start, seg.end)
     return nodes.model_head + _length_delimited(_MODEL_GRAPH_FIELD, graph)
+
+
+def _output_record(index: OnnxIndex, name: str, cache: dict[str, bytes]) -> bytes:
+    """A ``GraphProto.output`` record: a ValueInfoProto naming the value and its element type (shape
+    left to the runtime), written directly (building the message costs more, for every output of
+    every segment)."""
+    vt = index.types.get(name)
+    code = vt.elem_type if vt is not None else 0
+    typed = _TYPE_FIELDS.get(code)
+    if typed is None:
+        # ValueInfoProto.type { TypeProto.tensor_type { elem_type } }
+        typed = _TYPE_FIELDS[code] = _length_delimited(2, _length_delimited(1, b"\x08" + _varint(code))) \
+            if code else b""
+    encoded = name.encode()
+    info = b"\x0a" + _varint(len(encoded)) + encoded + typed  # ValueInfoProto.name, then the type
+    record = cache[name] = _OUTPUT_TAG + _varint(len(info)) + info
+    return record
+
+
+_OUTPUT_TAG = bytes([(12 << 3) | 2])  # GraphProto.output
+_TYPE_FIELDS: dict[int, bytes] = {}
 
 
 _MODEL_GRAPH_FIELD = 7   # ModelProto.graph
@@ -156,6 +178,7 @@ class SerializedNodes:
         head = onnx.ModelProto(ir_version=model.ir_version, opset_import=list(model.opset_import),
                                functions=list(model.functions))
         self.model_head = head.SerializeToString()
+        self.output_records: dict[str, bytes] = {}  # value -> its GraphProto.output record
 
     def records(self, start: int, end: int) -> bytes:
         return self.data[self.offsets[start]:self.offsets[end]]
@@ -186,14 +209,22 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _length_delimited(field_number: int, payload: bytes) -> bytes:
-    n = len(payload)
-    out = bytearray([(field_number << 3) | 2])
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
-    return bytes(out) + payload
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([n]) for n in range(0x80)]
+
+
+def _length_delimited(field_number: int, payload: bytes) -> bytes:
+    return bytes([(field_number << 3) | 2]) + _varint(len(payload)) + payload
 
 
 def _output_info(index: OnnxIndex, name: str) -> onnx.ValueInfoProto:
