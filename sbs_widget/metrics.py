@@ -125,13 +125,31 @@ def _calc_dtype(e: np.ndarray, g: np.ndarray):
     return np.float64 if wide else np.float32
 
 
-def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = False) -> list[Errors]:
+class Scratch:
+    """Work buffers reused by every batch of a run (``compute_errors_many(..., scratch=)``): fresh
+    temporaries per batch would each be faulted in from the system again once the run hands freed
+    memory back between segments."""
+
+    def __init__(self):
+        self._buffers: dict[tuple[str, type], np.ndarray] = {}
+
+    def get(self, name: str, size: int, dtype) -> np.ndarray:
+        buf = self._buffers.get((name, dtype))
+        if buf is None or buf.size < size:
+            buf = self._buffers[(name, dtype)] = np.empty(max(size, 2 * BATCH_ELEMENTS), dtype)
+        return buf[:size]
+
+
+def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = False,
+                        scratch: Scratch | None = None) -> list[Errors]:
     """``compute_errors`` for many ``(expected, got)`` pairs, same results, far fewer numpy calls.
 
     A model has thousands of small values: per pair, numpy's call overhead costs more than the
     arithmetic. Pairs are concatenated (up to ``BATCH_ELEMENTS`` at a time) and reduced per pair with
     ``reduceat``; big pairs and pairs with NaN/Inf, complex or empty values take the one-pair path.
+    ``scratch``: buffers to work in, kept by the caller between calls.
     """
+    scratch = scratch if scratch is not None else Scratch()
     out: list[Errors | None] = [None] * len(pairs)
     batches: dict[type, tuple[list, list]] = {}  # calc dtype -> (indices, arrays)
     sizes: dict[type, int] = {}
@@ -153,23 +171,25 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
         batch[1].append((e, g))
         total = sizes[calc] = sizes.get(calc, 0) + size
         if total >= BATCH_ELEMENTS:
-            _reduce_batch(out, batch[0], batch[1], calc, atol, rtol, histogram)
+            _reduce_batch(out, batch[0], batch[1], calc, atol, rtol, histogram, scratch, total)
             batches.pop(calc)
             sizes[calc] = 0
     for calc, (idx, arrays) in batches.items():
-        _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram)
+        _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch, sizes[calc])
     return out  # type: ignore[return-value]
 
 
-def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram) -> None:
+def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratch, total: int) -> None:
     k = len(arrays)
     n = np.fromiter((e.size for e, _ in arrays), dtype=np.int64, count=k)
     starts = np.zeros(k, dtype=np.int64)
     np.cumsum(n[:-1], out=starts[1:])
+    ae, diff, tmp = scratch.get("ae", total, calc), scratch.get("diff", total, calc), scratch.get("tmp", total, calc)
+    mask = scratch.get("mask", total, np.bool_)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # Two concatenations (flattened, cast on the way) instead of a few numpy calls per pair.
-        ae = np.concatenate([e for e, _ in arrays], axis=None, dtype=calc, casting="unsafe")
-        diff = np.concatenate([g for _, g in arrays], axis=None, dtype=calc, casting="unsafe")
+        np.concatenate([e.reshape(-1) for e, _ in arrays], out=ae, casting="unsafe")
+        np.concatenate([g.reshape(-1) for _, g in arrays], out=diff, casting="unsafe")
         np.subtract(ae, diff, out=diff)
         np.abs(ae, out=ae)
         np.abs(diff, out=diff)
@@ -178,22 +198,26 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram) -> None:
         highest = float(top[finite].max()) if finite.any() else 0.0
         # Passes whose answer the highest |diff| already gives are skipped: on agreeing values (the
         # common case) the tolerance test, h01/h001 and most histogram buckets cost nothing.
-        viol = _count_per_pair(diff > atol + rtol * ae, starts) if highest > atol else np.zeros(k, np.int32)
+        if highest > atol:
+            np.multiply(ae, rtol, out=tmp)
+            np.add(tmp, atol, out=tmp)
+            viol = _count_per_pair(np.greater(diff, tmp, out=mask), starts)
+        else:
+            viol = np.zeros(k, np.int32)
         eps = calc(1e-6)
-        ae[ae < eps] = eps  # max(|torch|, 1e-6): a masked write is 3x faster than np.maximum here
+        ae[np.less(ae, eps, out=mask)] = eps  # max(|torch|, 1e-6): a masked write is 3x faster than np.maximum
         rel = np.maximum.reduceat(np.divide(diff, ae, out=ae), starts)
-        del ae
-        dev = np.sqrt(np.add.reduceat(np.square(diff), starts) / n)
+        dev = np.sqrt(np.add.reduceat(np.square(diff, out=tmp), starts) / n)
         zero = np.zeros(k, np.int32)
-        h01 = _count_per_pair(diff > 0.1, starts) if highest > 0.1 else zero
-        h001 = _count_per_pair(diff > 0.01, starts) if highest > 0.01 else zero
+        h01 = _count_per_pair(np.greater(diff, 0.1, out=mask), starts) if highest > 0.1 else zero
+        h001 = _count_per_pair(np.greater(diff, 0.01, out=mask), starts) if highest > 0.01 else zero
         if histogram:  # counts at or above each edge, then per bucket
             above = np.zeros((k, len(HISTOGRAM_EDGES) + 1), np.int64)
             above[:, 0] = n
             for b, edge in enumerate(_EDGES, start=1):
                 if edge > highest:
                     break
-                above[:, b] = _count_per_pair(diff >= edge, starts)
+                above[:, b] = _count_per_pair(np.greater_equal(diff, edge, out=mask), starts)
             hist = (above[:, :-1] - above[:, 1:]).tolist()
     rows = zip(idx, top.tolist(), finite.tolist(), rel.tolist(), dev.tolist(), h01.tolist(), h001.tolist(),
                viol.tolist(), n.tolist(), range(k))
