@@ -113,6 +113,14 @@ def _arg_plan(values) -> tuple:
     return tuple(plan)
 
 
+def _call_plan(node: torch.fx.Node) -> tuple:
+    """(target, argument plan, keyword plan, keyword names) of a call_function node, built once."""
+    kwargs = node.kwargs
+    if not kwargs:
+        return node.target, _arg_plan(node.args), (), ()
+    return node.target, _arg_plan(node.args), _arg_plan(kwargs.values()), tuple(kwargs)
+
+
 class FxRunner:
     """Steps through ``program.graph``; ``env`` maps node names to values."""
 
@@ -143,66 +151,74 @@ class FxRunner:
             raise RuntimeError(error)
         return node, self.env.get(node.name), times[0][1] if times else 0.0
 
-    def run_to(self, stop: int, times: list, frees: list | None = None, can_free=None,
-               keep: set | None = None, kept: dict | None = None) -> str | None:
+    def run_to(self, stop: int, times: list, frees: list | None = None, release: dict | None = None,
+               current: int = 0, keep: set | None = None, kept: dict | None = None) -> str | None:
         """Run nodes up to position ``stop`` included, appending ``(position, seconds)`` per computed
         node to ``times``. After each node, the names in ``frees[position]`` are dropped from ``env``
-        when ``can_free(name)`` says so; values of nodes named in ``keep`` are also put in ``kept``
-        (read after the batch even if freed). Returns None, or the error message of the node that failed
-        (then ``position`` is past it and its value absent).
+        unless ``release`` holds them past segment ``current``; values of nodes named in ``keep`` are
+        also put in ``kept`` (read after the batch even if freed). Returns None, or the error message of
+        the node that failed (then ``position`` is past it and its value absent).
 
-        One call runs many nodes: autograd off and the thread count set once, not per node."""
-        env, nodes, small = self.env, self.nodes, self.small
+        One call runs many nodes: autograd off and the thread count set once, not per node; the loop
+        is written for speed (it runs once per node of the model)."""
+        env, nodes, small, plans = self.env, self.nodes, self.small, self._plans
         threads = torch.get_num_threads()
         single = False
         perf = time.perf_counter
+        append = times.append
+        release_get = release.get if release is not None else None
+        position = self.position
+        end = min(stop + 1, len(nodes))
         try:
             with torch.no_grad():  # no autograd: saved tensors would keep every intermediate alive
-                while self.position <= stop and self.position < len(nodes):
-                    position = self.position
+                while position < end:
                     node = nodes[position]
-                    self.position += 1
                     op = node.op
-                    if op in ("placeholder", "output"):
-                        continue
+                    position += 1
                     if op == "call_function":
                         # Small ops on one thread: torch's idle threads spin after each parallel op
                         # and, on a small machine, steal the cores the ONNX side needs.
-                        want_single = threads > 1 and position in small
-                        if want_single != single:
-                            torch.set_num_threads(1 if want_single else threads)
-                            single = want_single
-                    begin = perf()
-                    try:
-                        value = self._call(position, node) if op == "call_function" else self._other(node)
-                    except Exception as e:
-                        return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
-                    times.append((position, perf() - begin))
-                    env[node.name] = value
-                    if keep and node.name in keep:
-                        kept[node.name] = value
+                        if threads > 1 and ((position - 1) in small) != single:
+                            single = not single
+                            torch.set_num_threads(1 if single else threads)
+                        plan = plans.get(position - 1)
+                        if plan is None:
+                            plan = plans[position - 1] = _call_plan(node)
+                        target, a_plan, k_plan, k_names = plan
+                        begin = perf()
+                        try:
+                            args = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
+                                    for k, x in a_plan]
+                            if k_names:
+                                kwargs = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, self._get))
+                                          for k, x in k_plan]
+                                value = target(*args, **dict(zip(k_names, kwargs)))
+                            else:
+                                value = target(*args)
+                        except Exception as e:
+                            return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
+                    elif op in ("placeholder", "output"):
+                        continue
+                    else:
+                        begin = perf()
+                        try:
+                            value = self._other(node)
+                        except Exception as e:
+                            return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
+                    append((position - 1, perf() - begin))
+                    name = node.name
+                    env[name] = value
+                    if keep and name in keep:
+                        kept[name] = value
                     if frees is not None:
-                        for name in frees[position]:
-                            if name in env and can_free(name):
+                        for name in frees[position - 1]:
+                            if name in env and (release_get is None or release_get(name, -1) <= current):
                                 del env[name]
         finally:
+            self.position = position
             if single:
                 torch.set_num_threads(threads)
         return None
-
-    def _call(self, position: int, node: torch.fx.Node):
-        """A call_function node, its arguments read through the node's call plan (built once)."""
-        plan = self._plans.get(position)
-        if plan is None:
-            plan = self._plans[position] = (node.target, _arg_plan(node.args), _arg_plan(node.kwargs.values()),
-                                            tuple(node.kwargs))
-        target, a_plan, k_plan, k_names = plan
-        env, get = self.env, self._get
-        args = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, get)) for k, x in a_plan]
-        if not k_names:
-            return target(*args)
-        kwargs = [env[x] if k == _NODE else (x if k == _CONST else map_arg(x, get)) for k, x in k_plan]
-        return target(*args, **dict(zip(k_names, kwargs)))
 
     def _other(self, node: torch.fx.Node):
         if node.op == "get_attr":

@@ -199,7 +199,7 @@ class LockstepRun:
             return
         times: list[tuple[int, float]] = []
         kept: dict[str, object] = {}
-        error = runner.run_to(stop, times, p.fx_frees, self._can_free, p.fx_folded, kept)
+        error = runner.run_to(stop, times, p.fx_frees, self.fx_release, self.current_segment, p.fx_folded, kept)
         fx_times, pairs, nodes = self.fx_times, p.alignment.pairs, p.fx_nodes
         for position, seconds in times:
             node = nodes[position]
@@ -229,10 +229,6 @@ class LockstepRun:
             rec.comment = error
             runner.position = last
             yield rec
-
-    def _can_free(self, name: str) -> bool:
-        """A torch value read for the last time may go unless a coming segment compares it."""
-        return self.fx_release.get(name, -1) <= self.current_segment
 
     def _one_sided_fx(self, fx_name: str) -> Record:
         p = self.p
