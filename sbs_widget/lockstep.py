@@ -46,39 +46,13 @@ class LockstepRun:
         self.fx_times: dict[str, float] = {}
         self.fx_errors: dict[str, str] = {}
         self.done = 0
-        idx = p.index
-        cuts = {idx.producer[v] for v in reset}
+        cuts = {p.index.producer[v] for v in reset}
         self.ranges = p.plan(cuts, segment_nodes)
-        self.segment_of_node = [0] * len(idx.nodes)
-        for s, (a, b) in enumerate(self.ranges):
-            self.segment_of_node[a:b] = [s] * (b - a)
-        # The engine's own hold on torch values: until the segment that compares them (or feeds
-        # them to a node-local group) is done.
-        self.fx_release: dict[str, int] = {}
-        self.fx_need: list[int] = [-1] * len(self.ranges)
-        for fx_name, pair in p.alignment.pairs.items():
-            v = pair.onnx_value
-            if v in idx.producer:
-                s = self.segment_of_node[idx.producer[v]]
-                self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
-                self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
-                if node_local:
-                    g = p.group(v)
-                    if g is not None:
-                        for a in g.anchors:
-                            f = p.alignment.onnx_to_fx[a]
-                            self.fx_release[f] = max(self.fx_release.get(f, -1), s)
-        for fx_name, v in p.alignment.alias_of.items():
-            s = self.segment_of_node[idx.producer[v]]
-            self.fx_release[fx_name] = max(self.fx_release.get(fx_name, -1), s)
-            self.fx_need[s] = max(self.fx_need[s], p.fx_position[fx_name])
-        for fx_name, _ in p.alignment.output_pairs:
-            if fx_name:
-                self.fx_release[fx_name] = len(self.ranges)  # kept for the output records
+        key = (tuple(self.ranges), node_local)
+        if key not in p.run_plans:
+            p.run_plans[key] = _release_plan(p, self.ranges, node_local)
+        self.segment_of_node, self.fx_release, self.fx_need, self.release_at = p.run_plans[key]
         self.current_segment = -1
-        self.release_at: list[list[str]] = [[] for _ in range(len(self.ranges) + 1)]
-        for name, s in self.fx_release.items():
-            self.release_at[min(s, len(self.ranges))].append(name)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _onnx_value(self, name: str):
@@ -601,6 +575,43 @@ class LockstepRun:
                                     self._onnx_value(onnx_name))
                 self._check_exc(rec)
             yield rec
+
+
+def _release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) -> tuple:
+    """When torch values may go, for a run cut into ``ranges`` (worked out once per cut):
+    (segment of each ONNX node, FX value -> last segment comparing it or feeding a node-local group
+    with it, per segment the last FX position it needs, per segment the FX values it releases)."""
+    idx = p.index
+    segment_of_node = [0] * len(idx.nodes)
+    for s, (a, b) in enumerate(ranges):
+        segment_of_node[a:b] = [s] * (b - a)
+    # The engine's own hold on torch values: until the segment that compares them (or feeds them to a
+    # node-local group) is done.
+    fx_release: dict[str, int] = {}
+    fx_need: list[int] = [-1] * len(ranges)
+    for fx_name, pair in p.alignment.pairs.items():
+        v = pair.onnx_value
+        if v in idx.producer:
+            s = segment_of_node[idx.producer[v]]
+            fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
+            fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
+            if node_local:
+                g = p.group(v)
+                if g is not None:
+                    for a in g.anchors:
+                        f = p.alignment.onnx_to_fx[a]
+                        fx_release[f] = max(fx_release.get(f, -1), s)
+    for fx_name, v in p.alignment.alias_of.items():
+        s = segment_of_node[idx.producer[v]]
+        fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
+        fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
+    for fx_name, _ in p.alignment.output_pairs:
+        if fx_name:
+            fx_release[fx_name] = len(ranges)  # kept for the output records
+    release_at: list[list[str]] = [[] for _ in range(len(ranges) + 1)]
+    for name, s in fx_release.items():
+        release_at[min(s, len(ranges))].append(name)
+    return segment_of_node, fx_release, fx_need, release_at
 
 
 def _load_malloc_trim():

@@ -188,8 +188,8 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
     mask = scratch.get("mask", total, np.bool_)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # Two concatenations (flattened, cast on the way) instead of a few numpy calls per pair.
-        np.concatenate([e.reshape(-1) for e, _ in arrays], out=ae, casting="unsafe")
-        np.concatenate([g.reshape(-1) for _, g in arrays], out=diff, casting="unsafe")
+        np.concatenate([e for e, _ in arrays], axis=None, out=ae, casting="unsafe")
+        np.concatenate([g for _, g in arrays], axis=None, out=diff, casting="unsafe")
         np.subtract(ae, diff, out=diff)
         np.abs(ae, out=ae)
         np.abs(diff, out=diff)

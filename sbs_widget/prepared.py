@@ -79,6 +79,8 @@ class Prepared:
         self._weights: dict[str, np.ndarray] | None = None
         self._record_fields: dict[tuple, tuple] = {}
         self._segment_records: dict[tuple[int, int], list[tuple]] = {}
+        self._plans: dict[tuple, list[tuple[int, int]]] = {}  # (cuts, most nodes) -> segment ranges
+        self.run_plans: dict[tuple, tuple] = {}  # (segment ranges, node_local) -> LockstepRun's release plan
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------
@@ -122,9 +124,12 @@ class Prepared:
         # Alive at once: about the eager live set, or half the weights' size when that is larger
         # (fewer sessions to build; weights are shared with torch, not copied, so this stays within
         # the memory of one model).
-        budget = max(self.live_bytes, self.weight_bytes // 2, 4 * max(self.node_bytes, default=0),
-                     MIN_SEGMENT_BYTES)
-        return plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes)
+        key = (frozenset(cuts), segment_nodes)
+        if key not in self._plans:
+            budget = max(self.live_bytes, self.weight_bytes // 2, 4 * max(self.node_bytes, default=0),
+                         MIN_SEGMENT_BYTES)
+            self._plans[key] = plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes)
+        return list(self._plans[key])
 
     # -- cached pieces ---------------------------------------------------------------------------
     def segment(self, start: int, end: int) -> Segment:
