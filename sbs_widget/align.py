@@ -134,19 +134,17 @@ def _shape_matches(val, vt: ValueType | None) -> bool:
 
 
 class _ShapeMatcher:
-    """``_shape_matches`` remembered per (dtype, shape, ONNX type): a model repeats a few shapes."""
+    """``_shape_matches`` remembered per (FX shape text, ONNX type): a model repeats a few shapes,
+    and the text (worked out once per node) hashes faster than a fake tensor's sizes."""
 
     def __init__(self):
         self._known: dict = {}
 
-    def __call__(self, val, vt: ValueType | None) -> bool:
+    def __call__(self, val, vt: ValueType | None, text: str) -> bool:
         if vt is None or not isinstance(val, torch.Tensor):
             return _shape_matches(val, vt)
-        key = (val.dtype, val.shape, vt)
-        try:
-            hit = self._known.get(key)
-        except TypeError:  # symbolic dimensions do not hash
-            return _shape_matches(val, vt)
+        key = (text, id(vt))  # ValueTypes are shared and outlive the matcher
+        hit = self._known.get(key)
         if hit is None:
             hit = self._known[key] = _shape_matches(val, vt)
         return hit
@@ -315,7 +313,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
 
     # Intermediate values.
     produced = index.producer
-    for node in nodes:
+    for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:
             continue
         val = node.meta.get("val")
@@ -324,10 +322,10 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         name = node.name
         # 1. by name, checked by provenance and type
         if name in produced and index.node_fx[produced[name]] in (name, None) \
-                and shape_matches(val, index.types.get(name)) and name not in al.onnx_to_fx:
+                and shape_matches(val, index.types.get(name), info.shape_type) and name not in al.onnx_to_fx:
             take(name, name, "name")
             continue
-        if name in index.initializers and shape_matches(val, index.types.get(name)) \
+        if name in index.initializers and shape_matches(val, index.types.get(name), info.shape_type) \
                 and name not in al.onnx_to_fx:
             take(name, name, "name")
             continue
@@ -341,13 +339,13 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     if not o or o in al.onnx_to_fx:
                         continue
                     used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs
-                    if used_outside and shape_matches(val, index.types.get(o)):
+                    if used_outside and shape_matches(val, index.types.get(o), info.shape_type):
                         ends.append(o)
             if len(ends) >= 1:
                 take(name, ends[-1], "metadata")
                 continue
     # 3./4. values whose producer vanished: look at what their consumers read.
-    for node in nodes:
+    for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:
             continue
         val = node.meta.get("val")
@@ -362,7 +360,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     producer = produced.get(x)
                     if producer is not None and index.node_fx[producer] == user.name:
                         continue  # internal to the consumer's own translation
-                    if shape_matches(val, index.types.get(x)):
+                    if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
         if len(folded) == 1:
