@@ -247,9 +247,13 @@ class OnnxIndex:
         return numpy_helper.to_array(t)
 
     def describe(self, value: str) -> str:
-        cache = self.__dict__.setdefault("_described", {})  # one string per value, asked once per record
-        text = cache.get(value)
-        if text is None:
-            vt = self.types.get(value)
-            text = cache[value] = vt.describe() if vt else "?"
-        return text
+        vt = self.types.get(value)
+        if vt is None:
+            return "?"
+        # Values share their ValueType (a model has few types): the text is kept per type object,
+        # alive as long as the index holds it.
+        texts = self.__dict__.setdefault("_type_texts", {})
+        hit = texts.get(id(vt))
+        if hit is None or hit[0] is not vt:
+            hit = texts[id(vt)] = (vt, vt.describe())
+        return hit[1]

@@ -219,21 +219,22 @@ class Prepared:
             return fields
         index = self.index
         i = index.producer.get(onnx_name) if onnx_name is not None else None
+        info = self.alignment.fx_nodes[self.fx_position[fx_name]] if fx_name is not None else None
         if i is not None:
-            op, node_name, out, module = index.op_types[i], index.nodes[i].name, \
-                index.node_outputs[i].index(onnx_name), index.module_of_node(i)
+            op, node_name, out = index.op_types[i], index.nodes[i].name, index.node_outputs[i].index(onnx_name)
+            # the FX side's module path when it has one (the ONNX scopes are read only otherwise)
+            module = info.module if info is not None and info.module else index.module_of_node(i)
         else:
             op = "initializer" if onnx_name in index.initializers else "input" if onnx_name in index.inputs else None
             node_name = out = None
-            module = ""
+            module = info.module if info is not None else ""
         onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
         if comment is None:
             comment = _MATCHED_BY.get(how, "")
-        if fx_name is not None:
-            info = self.alignment.fx_nodes[self.fx_position[fx_name]]
+        if info is not None:
             fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
                       None, None, None, None, None, None, None, None, comment, None, R.OK,
-                      info.module or module, kind, info.origin, node_name, info.stack_line)
+                      module, kind, info.origin, node_name, info.stack_line)
         else:
             fields = (None, i, None, onnx_name, None, op, out, None, onnx_shape, None, None, None, None, None,
                       None, None, None, comment, None, R.OK, module, kind, None, node_name, "")
