@@ -13,11 +13,10 @@ from .errors import InputError
 
 def last_uses(graph: torch.fx.Graph) -> dict[str, int]:
     """FX node name -> index of the last node that reads it (computed once, used to free values)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
     last: dict[str, int] = {}
-    for n in graph.nodes:
+    for i, n in enumerate(graph.nodes):
         for inp in n.all_input_nodes:
-            last[inp.name] = max(last.get(inp.name, -1), order[n])
+            last[inp.name] = i  # nodes come in order: the last assignment is the last reader
     return last
 
 

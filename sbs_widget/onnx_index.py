@@ -66,6 +66,18 @@ def _value_type(vi: onnx.ValueInfoProto) -> ValueType:
                                          for d in tt.shape.dim))
 
 
+def _name_list(text: str) -> list[str]:
+    """A list of names written as Python's repr (``['a', 'b']``): plain quoted names are found with a
+    regular expression (10x faster than ``ast.literal_eval``, which reads any other spelling)."""
+    if '"' not in text and "\\" not in text:
+        return _QUOTED.findall(text)
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple, set)) else []
+
+
 def _fx_and_scopes(props) -> tuple[str | None, str | None]:
     """The ``fx_node`` and ``name_scopes`` metadata of a node. The exporter writes them third and
     fourth: looked up there first (reading every key of every node costs twice as much)."""
@@ -149,7 +161,9 @@ class OnnxIndex:
         for i, node in enumerate(idx.nodes):
             # Read once into Python objects: each protobuf field access builds new ones.
             op_type, domain, outputs = node.op_type, node.domain, tuple(node.output)
-            ins = [x for x in node.input if x]
+            ins = list(node.input)
+            if "" in ins:  # optional inputs left out
+                ins = [x for x in ins if x]
             if op_type in _WITH_SUBGRAPHS or domain not in ("", "ai.onnx"):
                 ins += [x for x in subgraph_outer_inputs(node) if x not in node.input]
             idx.node_inputs.append(ins)
@@ -185,13 +199,7 @@ class OnnxIndex:
             return ""
         cache = self.__dict__.setdefault("_scopes", {})
         if scopes not in cache:
-            if '"' not in scopes and "\\" not in scopes:  # the usual repr: plain quoted names
-                parts = _QUOTED.findall(scopes)
-            else:
-                try:
-                    parts = ast.literal_eval(scopes)
-                except (ValueError, SyntaxError):
-                    parts = []
+            parts = _name_list(scopes)
             cache[scopes] = parts[-2] if len(parts) >= 2 else ""
         return cache[scopes]
 
@@ -207,10 +215,7 @@ class OnnxIndex:
         cache = self.__dict__.setdefault("_folded", {})
         if value not in cache:
             raw = self.value_meta.get(value, {}).get("pkg.onnxscript.optimizer.folded_from")
-            try:
-                cache[value] = list(ast.literal_eval(raw)) if raw else []
-            except (ValueError, SyntaxError):
-                cache[value] = []
+            cache[value] = _name_list(raw) if raw else []
         return cache[value]
 
     def folded_into(self) -> dict[str, list[str]]:

@@ -98,16 +98,16 @@ class Prepared:
         values alive at once in an eager run: the yardstick segments are cut by."""
         fx_bytes: dict[str, int] = {}
         alive, live, peak = {}, 0, 0
-        last_use = self.fx_last_use
-        for i, node in enumerate(self.fx_nodes):
-            size = fx_bytes[node.name] = self.fx_sizes[i][1]
+        for node, (_, size), frees in zip(self.fx_nodes, self.fx_sizes, self.fx_frees):
+            name = node.name
+            fx_bytes[name] = size
             if node.op == "call_function":
-                alive[node.name] = size
+                alive[name] = size
                 live += size
                 peak = max(peak, live)
-            for inp in node.all_input_nodes:
-                if last_use.get(inp.name) == i and inp.name in alive:
-                    live -= alive.pop(inp.name)
+            for gone in frees:  # inputs read for the last time (an unread output stays counted)
+                if gone != name and gone in alive:
+                    live -= alive.pop(gone)
         per_node = []
         wanted, onnx_to_fx, types = self.wanted, self.alignment.onnx_to_fx, self.index.types
         for outputs in self.index.node_outputs:
