@@ -27,6 +27,11 @@ from .segments import SMALL_INITIALIZER, Segment, numpy_elem_type, segment_bytes
 if TYPE_CHECKING:
     from .prepared import Prepared
 
+# What follows an FX node's run (``Prepared.fx_after``): nothing (not a call), its time only (its
+# twin is compared with its segment), a one-sided record, or a comparison with a folded initializer.
+FX_SKIP, FX_TIMED, FX_ONE_SIDED, FX_FOLDED = 0, 1, 2, 3
+
+
 class LockstepRun:
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
@@ -174,21 +179,21 @@ class LockstepRun:
         times: list[tuple[int, float]] = []
         kept: dict[str, object] = {}
         error = runner.run_to(stop, times, p.fx_frees, self.fx_release, self.current_segment, p.fx_folded, kept)
-        fx_times, pairs, nodes = self.fx_times, p.alignment.pairs, p.fx_nodes
+        fx_times, pairs, names, after = self.fx_times, p.alignment.pairs, p.fx_names, p.fx_after
+        progress = self.progress
         for position, seconds in times:
-            node = nodes[position]
-            if node.op != "call_function":
+            what = after[position]
+            if what == FX_SKIP:
                 continue
-            name = node.name
+            name = names[position]
             fx_times[name] = seconds
             self.done += 1
-            if self.progress is not None:
-                self.progress(self.done, p.n_fx_nodes, name)
-            pair = pairs.get(name)
-            if pair is None:
-                if p.alignment.fx_nodes[position].is_tensor and name not in p.alignment.alias_of:
-                    yield self._one_sided_fx(name)
-            elif pair.onnx_value not in p.index.producer and pair.onnx_value in p.index.initializers:
+            if progress is not None:
+                progress(self.done, p.n_fx_nodes, name)
+            if what == FX_ONE_SIDED:
+                yield self._one_sided_fx(name)
+            elif what == FX_FOLDED:
+                pair = pairs[name]
                 rec = self._record(name, pair.onnx_value, R.KIND_NODE, pair.how)
                 rec.comment = _join(rec.comment, "constant-folded into an initializer")
                 rec = self._compare(rec, kept[name], p.weights()[pair.onnx_value])
@@ -521,20 +526,16 @@ class LockstepRun:
         """Weights measured a batch at a time (a few vectorized passes for many small weights; the
         batch is bounded so that transposed copies never add up to the weights' size)."""
         p = self.p
-        env = self.runner.env
+        env, weights = self.runner.env, p.weights()
         batch: list[tuple[Record, object, object]] = []
         elements = 0
-        for w in p.alignment.weights:
-            rec = self._record(w.placeholder, w.onnx_name if w.onnx_name else None, R.KIND_WEIGHT)
-            rec.ep_target = w.key
-            rec.onnx_op_type = "initializer" if w.onnx_name else None
-            if not w.comparable:
-                rec.status = R.ONE_SIDED
-                rec.comment = w.comment
+        for fields, placeholder, onnx_name in p.weight_records():
+            rec = Record(*fields)
+            if onnx_name is None:  # nothing to compare (see the record's comment)
                 batch.append((rec, None, None))
                 continue
-            got = p.weights()[w.onnx_name]
-            batch.append((rec, env[w.placeholder], got))
+            got = weights[onnx_name]
+            batch.append((rec, env[placeholder], got))
             elements += got.size
             if elements >= BATCH_ELEMENTS:
                 yield from self._measured(batch)

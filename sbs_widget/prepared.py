@@ -18,7 +18,7 @@ from .background import background
 from .errors import InputError, ModelMismatchError
 from .fx_runner import check_inputs, flat_inputs, last_uses, program_outputs, small_nodes
 from .local import LocalGroup, build_group
-from .lockstep import LockstepRun
+from .lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
 from .loading import load_inputs
 from .onnx_index import OnnxIndex
 from .records import Record
@@ -71,6 +71,9 @@ class Prepared:
         self.fx_folded = {fx for fx, pair in self.alignment.pairs.items()
                           if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
         self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
+        self.fx_names = [n.name for n in self.fx_nodes]
+        self.fx_after = [_fx_after(n, info, self.alignment, self.fx_folded)
+                         for n, info in zip(self.fx_nodes, self.alignment.fx_nodes)]
         self.node_bytes, self.live_bytes = self._estimate_sizes()
         self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
         self._segments: dict[tuple[int, int], Segment] = {}
@@ -79,6 +82,7 @@ class Prepared:
         self._weights: dict[str, np.ndarray] | None = None
         self._record_fields: dict[tuple, tuple] = {}
         self._segment_records: dict[tuple[int, int], list[tuple]] = {}
+        self._weight_records: list[tuple] | None = None
         self._plans: dict[tuple, list[tuple[int, int]]] = {}  # (cuts, most nodes) -> segment ranges
         self.run_plans: dict[tuple, tuple] = {}  # (segment ranges, node_local) -> LockstepRun's release plan
         self._check_outputs()
@@ -207,6 +211,22 @@ class Prepared:
                 plan.append((o, fx_name, self.record_fields(fx_name, o, pair.kind, pair.how), more))
         self._segment_records[key] = plan
         return plan
+
+    def weight_records(self) -> list[tuple[tuple, str, str | None]]:
+        """Per weight, worked out once: (record fields, FX placeholder, ONNX initializer to compare
+        with or None when there is nothing to compare)."""
+        if self._weight_records is None:
+            plan = []
+            for w in self.alignment.weights:
+                fields = list(self.record_fields(w.placeholder, w.onnx_name or None, R.KIND_WEIGHT, ""))
+                fields[_EP_TARGET] = w.key
+                fields[_ONNX_OP_TYPE] = "initializer" if w.onnx_name else None
+                if not w.comparable:
+                    fields[_STATUS] = R.ONE_SIDED
+                    fields[_COMMENT] = w.comment
+                plan.append((tuple(fields), w.placeholder, w.onnx_name if w.comparable else None))
+            self._weight_records = plan
+        return self._weight_records
 
     def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str,
                       comment: str | None = None) -> tuple:
@@ -353,6 +373,16 @@ class _Weights:
         return len(self._views)
 
 
+def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:
+    """What a run does once an FX node has run."""
+    if node.op != "call_function":
+        return FX_SKIP
+    name = node.name
+    if name in alignment.pairs:
+        return FX_FOLDED if name in folded else FX_TIMED
+    return FX_ONE_SIDED if info.is_tensor and name not in alignment.alias_of else FX_TIMED
+
+
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 
 
@@ -365,5 +395,8 @@ def _onnx_bytes(vt) -> int:
     return n * _ITEMSIZE.get(vt.elem_type, 4)
 
 
+# Positions in ``Record``'s fields (``record_fields`` tuples).
+_EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f in ("ep_target", "onnx_op_type",
+                                                                                 "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
 _MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
