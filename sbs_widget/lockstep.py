@@ -201,7 +201,7 @@ class LockstepRun:
                 yield rec
         if error is not None:
             # A failed FX node: nothing downstream can run on the torch side.
-            node = nodes[runner.position - 1]
+            node = p.fx_nodes[runner.position - 1]
             self.fx_errors[node.name] = error
             rec = self._record(node.name, None, R.KIND_NODE)
             rec.status = R.ERROR
@@ -408,18 +408,12 @@ class LockstepRun:
             rec.ep_time_run = fx_times.get(fx_name)
             rec.onnx_time_run = onnx_time
             if o in onnx_errors:
-                rec.status = R.ERROR
-                rec.comment = _join(rec.comment, onnx_errors[o])
-                records.append((rec, None, None))
+                records.append(_failed(rec, onnx_errors[o]))
             elif fx_name not in env:
-                rec.status = R.ERROR
-                rec.comment = _join(rec.comment, self.fx_errors.get(fx_name, "torch value unavailable "
-                                                                    "(an upstream FX node failed)"))
-                records.append((rec, None, None))
+                records.append(_failed(rec, self.fx_errors.get(fx_name, "torch value unavailable "
+                                                                        "(an upstream FX node failed)")))
             elif o not in onnx_env:
-                rec.status = R.ERROR
-                rec.comment = _join(rec.comment, "ONNX value unavailable")
-                records.append((rec, None, None))
+                records.append(_failed(rec, "ONNX value unavailable"))
             else:
                 compares.append((rec, env[fx_name], onnx_env[o]))
                 records.append((rec, fx_name, o))
@@ -427,9 +421,7 @@ class LockstepRun:
                 rec = Record(*alias_fields)
                 rec.ep_time_run = fx_times.get(alias)
                 if alias not in env or o not in onnx_env:
-                    rec.status = R.ERROR
-                    rec.comment = _join(rec.comment, "value unavailable")
-                    records.append((rec, None, None))
+                    records.append(_failed(rec, "value unavailable"))
                 else:
                     compares.append((rec, env[alias], onnx_env[o]))
                     records.append((rec, alias, o))
@@ -665,6 +657,13 @@ def _numpy_of(value) -> np.ndarray:
         except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
             pass
     return as_numpy(value)
+
+
+def _failed(rec: Record, why: str) -> tuple[Record, None, None]:
+    """``rec`` marked as an error (nothing to compare), as an entry of a segment's record list."""
+    rec.status = R.ERROR
+    rec.comment = _join(rec.comment, why)
+    return rec, None, None
 
 
 def _join(a: str, b: str) -> str:

@@ -94,6 +94,29 @@ def test_op_the_runtime_cannot_run_marks_its_record_and_the_run_continues():
     assert next(r for r in records if r.kind == "output").status == "ok"
 
 
+def test_an_fx_node_that_fails_is_named_and_earlier_records_are_kept():
+    class Small(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 2.0) + 1.0
+
+    x = torch.randn(3, 4)
+    _, prog = export_module(Small(), (x,))
+    program = prog.exported_program
+    relu = next(n for n in program.graph.nodes if n.op == "call_function" and "relu" in str(n.target))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    relu.target = broken
+    records = list(sbs_widget.run_aligned(prog, None, (x,)))
+    failed = next(r for r in records if r.ep_name == relu.name and r.status == "error")
+    assert "while executing FX node 'relu'" in failed.comment and "kernel exploded" in failed.comment
+    mul = next(r for r in records if r.ep_target == "aten.mul.Tensor")
+    assert mul.status == "ok" and mul.err_abs == 0.0, "the value computed before the failure is compared"
+    downstream = [r for r in records if r.ep_target == "aten.add.Tensor" or r.kind == "output"]
+    assert downstream and all(r.status == "error" and "torch value unavailable" in r.comment for r in downstream)
+
+
 def test_nan_and_inf_are_counted_not_raised():
     class Nan(torch.nn.Module):
         def forward(self, x):
