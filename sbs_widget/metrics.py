@@ -13,7 +13,7 @@ from .records import HISTOGRAM_EDGES
 BATCH_ELEMENTS = 1 << 16  # elements per vectorized pass: its temporaries stay in cache (and small)
 
 
-@dataclass
+@dataclass(slots=True)  # one per compared pair
 class Errors:
     err_abs: float
     err_rel: float
@@ -136,7 +136,7 @@ class Scratch:
     def get(self, name: str, size: int, dtype) -> np.ndarray:
         buf = self._buffers.get((name, dtype))
         if buf is None or buf.size < size:
-            buf = self._buffers[(name, dtype)] = np.empty(max(size, 2 * BATCH_ELEMENTS), dtype)
+            buf = self._buffers[(name, dtype)] = np.empty(max(size, BATCH_ELEMENTS), dtype)
         return buf[:size]
 
 
@@ -165,15 +165,16 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
         calc = _calc_dtype(e, g) if (ek == "f" and e.itemsize == 4 and gk == "f" and g.itemsize == 4) is False \
             else np.float32
         batch = batches.get(calc)
+        total = sizes.get(calc, 0)
         if batch is None:
             batch = batches[calc] = ([], [])
+        elif total + size > BATCH_ELEMENTS:  # full: a batch never outgrows the scratch buffers
+            _reduce_batch(out, batch[0], batch[1], calc, atol, rtol, histogram, scratch, total)
+            batch = batches[calc] = ([], [])
+            total = 0
         batch[0].append(i)
         batch[1].append((e, g))
-        total = sizes[calc] = sizes.get(calc, 0) + size
-        if total >= BATCH_ELEMENTS:
-            _reduce_batch(out, batch[0], batch[1], calc, atol, rtol, histogram, scratch, total)
-            batches.pop(calc)
-            sizes[calc] = 0
+        sizes[calc] = total + size
     for calc, (idx, arrays) in batches.items():
         _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch, sizes[calc])
     return out  # type: ignore[return-value]
@@ -184,7 +185,7 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
     n = np.fromiter((e.size for e, _ in arrays), dtype=np.int64, count=k)
     starts = np.zeros(k, dtype=np.int64)
     np.cumsum(n[:-1], out=starts[1:])
-    ae, diff, tmp = scratch.get("ae", total, calc), scratch.get("diff", total, calc), scratch.get("tmp", total, calc)
+    ae, diff = scratch.get("ae", total, calc), scratch.get("diff", total, calc)
     mask = scratch.get("mask", total, np.bool_)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # Two concatenations (flattened, cast on the way) instead of a few numpy calls per pair.
@@ -198,7 +199,8 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
         highest = float(top[finite].max()) if finite.any() else 0.0
         # Passes whose answer the highest |diff| already gives are skipped: on agreeing values (the
         # common case) the tolerance test, h01/h001 and most histogram buckets cost nothing.
-        if highest > atol:
+        if highest > atol:  # a third buffer, only for batches beyond tolerance
+            tmp = scratch.get("tmp", total, calc)
             np.multiply(ae, rtol, out=tmp)
             np.add(tmp, atol, out=tmp)
             viol = _count_per_pair(np.greater(diff, tmp, out=mask), starts)
@@ -207,7 +209,7 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
         eps = calc(1e-6)
         ae[np.less(ae, eps, out=mask)] = eps  # max(|torch|, 1e-6): a masked write is 3x faster than np.maximum
         rel = np.maximum.reduceat(np.divide(diff, ae, out=ae), starts)
-        dev = np.sqrt(np.add.reduceat(np.square(diff, out=tmp), starts) / n)
+        dev = np.sqrt(np.add.reduceat(np.square(diff, out=ae), starts) / n)  # |torch| no longer read
         zero = np.zeros(k, np.int32)
         h01 = _count_per_pair(np.greater(diff, 0.1, out=mask), starts) if highest > 0.1 else zero
         h001 = _count_per_pair(np.greater(diff, 0.01, out=mask), starts) if highest > 0.01 else zero
