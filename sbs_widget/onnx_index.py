@@ -244,12 +244,18 @@ class OnnxIndex:
 
     def initializer_array(self, name: str) -> np.ndarray:
         """The initializer's values (read-only: raw bytes are read in place, the common case)."""
+        return self.initializer_data(name)[0]
+
+    def initializer_data(self, name: str) -> tuple[np.ndarray, bytes | None]:
+        """The initializer's values, and the bytes they are read from in place (None when they are
+        not stored as little-endian raw bytes: then the array is a converted copy)."""
         t = self.initializers[name]
         dtype = ONNX_TO_NUMPY.get(t.data_type)
         if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \
                 and sys.byteorder == "little":
-            return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
-        return numpy_helper.to_array(t)
+            raw = t.raw_data
+            return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims)), raw
+        return numpy_helper.to_array(t), None
 
     def describe(self, value: str) -> str:
         vt = self.types.get(value)

@@ -335,14 +335,14 @@ class _Weights:
             if name not in twins and len(src) == 1 and src[0] in params:
                 twins[name] = (src[0], True)
         for name in p.index.initializers:
-            arr = p.index.initializer_array(name)
+            arr, raw = p.index.initializer_data(name)
             twin = twins.get(name)
             if twin is not None and twin[0] in params and arr.size > 1024:
                 t = params[twin[0]].detach()
                 if t.device.type == "cpu" and t.dtype != torch.bfloat16:
                     view = t.numpy()
                     view = view.T if twin[1] and view.ndim == 2 else view
-                    if view.shape == arr.shape and view.dtype == arr.dtype and np.array_equal(view, arr):
+                    if view.shape == arr.shape and view.dtype == arr.dtype and _same_bits(view, arr, raw):
                         self._views[name] = (t, twin[1] and view.ndim == 2)
                         continue
             self._arrays[name] = arr
@@ -371,6 +371,15 @@ class _Weights:
     def shared(self) -> int:
         """How many initializers are served from torch's memory."""
         return len(self._views)
+
+
+def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None) -> bool:
+    """Whether ``view`` (torch's memory) holds exactly the file's values, bit for bit: -0.0 is not
+    0.0 to the runtime (1/x), and equal NaNs are equal. Compared as bytes: one copy and a memcmp,
+    ~2x faster than an element-wise comparison on transposed views."""
+    if raw is not None:
+        return view.tobytes() == raw
+    return view.tobytes() == np.ascontiguousarray(arr).tobytes()
 
 
 def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:

@@ -236,3 +236,36 @@ def test_memory_values_are_freed_on_both_sides():
         peak_onnx = max(peak_onnx, len(run.onnx_env))
     total = len([n for n in p.fx_nodes if n.op == "call_function"])
     assert peak_fx < total / 2 and peak_onnx < len(p.index.nodes) / 2
+
+
+@pytest.mark.parametrize("optimize", [False, True])  # True: folded, transposed weights
+def test_a_weight_is_served_from_torch_memory_only_when_bit_identical(optimize):
+    """The ONNX side computes with the file's own bits: -0.0 in the file where torch holds 0.0 (equal
+    numbers, but 1/x differs) keeps that initializer out of the ones read from torch's memory."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from engine_models import export_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    x = torch.randn(2, 64)
+    ep, prog = export_module(model, (x,), optimize=optimize)
+    weights = prepare(ep, prog.model_proto).weights()
+    assert weights.shared >= 1
+    name, (param, _) = next(iter(weights._views.items()))
+    # Element 0 is the same element whether the file holds the weight transposed or not.
+    with torch.no_grad():
+        param.view(-1)[0] = 0.0
+    onx = onnx.ModelProto()
+    onx.CopyFrom(prog.model_proto)
+    init = next(i for i in onx.graph.initializer if i.name == name)
+    values = numpy_helper.to_array(init).copy()
+    values.flat[0] = -0.0
+    init.CopyFrom(numpy_helper.from_array(values, name))
+
+    weights2 = prepare(ep, onx).weights()
+    assert weights2.shared == weights.shared - 1
+    assert np.signbit(np.asarray(weights2[name]).flat[0])  # the file's bits, not torch's
+    records = list(sbs_widget.run_aligned(ep, onx, (x,)))
+    assert all(r.status in ("ok", "one-sided") for r in records)  # 0.0 and -0.0 are equal numbers
