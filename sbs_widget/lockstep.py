@@ -181,6 +181,8 @@ class LockstepRun:
         error = runner.run_to(stop, times, p.fx_frees, self.fx_release, self.current_segment, p.fx_folded, kept)
         fx_times, pairs, names, after = self.fx_times, p.alignment.pairs, p.fx_names, p.fx_after
         progress = self.progress
+        out: list[Record] = []
+        folded: list[tuple[Record, object, object]] = []  # measured together, like a segment's pairs
         for position, seconds in times:
             what = after[position]
             if what == FX_SKIP:
@@ -191,14 +193,19 @@ class LockstepRun:
             if progress is not None:
                 progress(self.done, p.n_fx_nodes, name)
             if what == FX_ONE_SIDED:
-                yield self._one_sided_fx(name)
+                out.append(self._one_sided_fx(name))
             elif what == FX_FOLDED:
                 pair = pairs[name]
                 rec = self._record(name, pair.onnx_value, R.KIND_NODE, pair.how)
                 rec.comment = _join(rec.comment, "constant-folded into an initializer")
-                rec = self._compare(rec, kept[name], p.weights()[pair.onnx_value])
-                self._check_exc(rec)
-                yield rec
+                folded.append((rec, kept[name], p.weights()[pair.onnx_value]))
+                out.append(rec)
+        if folded:
+            self._compare_many(folded)
+            folded.clear()
+        for rec in out:
+            self._check_exc(rec)  # only compared records can be beyond tolerance
+            yield rec
         if error is not None:
             # A failed FX node: nothing downstream can run on the torch side.
             node = p.fx_nodes[runner.position - 1]
