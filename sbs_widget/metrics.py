@@ -121,7 +121,11 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
 
 
 def _calc_dtype(e: np.ndarray, g: np.ndarray):
-    wide = e.dtype == np.float64 or g.dtype == np.float64 or (e.dtype.kind in "iu" and e.dtype.itemsize == 8)
+    """float32 where it holds both sides exactly, float64 otherwise: integers of 4 bytes or more
+    (float32 stops telling consecutive integers apart at 2**24: 16777217 and 16777216 would agree;
+    float64 at 2**53)."""
+    wide = e.dtype == np.float64 or g.dtype == np.float64 or \
+        (e.dtype.kind in "iu" and e.dtype.itemsize >= 4) or (g.dtype.kind in "iu" and g.dtype.itemsize >= 4)
     return np.float64 if wide else np.float32
 
 
