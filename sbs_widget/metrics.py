@@ -90,11 +90,14 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
         e = np.concatenate([e.real, e.imag]).astype(np.float64)
         g = np.concatenate([g.real, g.imag]).astype(np.float64)
     calc = _calc_dtype(e, g)
+    wide_ints = (e, g) if e.dtype == g.dtype and e.dtype.kind in "iu" and e.dtype.itemsize == 8 else None
     e = e.astype(calc, copy=False)
     g = g.astype(calc, copy=False)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: handled below
         diff = np.subtract(e, g)
         np.abs(diff, out=diff)
+        if wide_ints is not None:
+            _exact_integer_differences(diff, *wide_ints)
         top = diff.max()
         if math.isfinite(top):
             err_nan = 0
@@ -120,10 +123,18 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist)
 
 
+def _exact_integer_differences(diff: np.ndarray, e: np.ndarray, g: np.ndarray) -> None:
+    """64-bit integers above 2**53 that differ can round to the same float64: such positions get
+    their exact difference (Python integers, only where it was lost)."""
+    lost = (e != g) & (diff == 0)
+    if lost.any():
+        diff[lost] = [float(abs(int(a) - int(b))) for a, b in zip(e[lost].tolist(), g[lost].tolist())]
+
+
 def _calc_dtype(e: np.ndarray, g: np.ndarray):
     """float32 where it holds both sides exactly, float64 otherwise: integers of 4 bytes or more
     (float32 stops telling consecutive integers apart at 2**24: 16777217 and 16777216 would agree;
-    float64 at 2**53)."""
+    float64 at 2**53, where ``_exact_integer_differences`` takes over)."""
     wide = e.dtype == np.float64 or g.dtype == np.float64 or \
         (e.dtype.kind in "iu" and e.dtype.itemsize >= 4) or (g.dtype.kind in "iu" and g.dtype.itemsize >= 4)
     return np.float64 if wide else np.float32
@@ -163,7 +174,9 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
         size = e.size
         ek, gk = e.dtype.kind, g.dtype.kind
         # Big pairs gain nothing from batching (and np.dot sums their squares more accurately).
-        if size == 0 or size >= BATCH_ELEMENTS or size != g.size or ek == "c" or gk == "c":
+        # (and 64-bit integers: exact differences beyond float64's 2**53 need the one-pair path)
+        if size == 0 or size >= BATCH_ELEMENTS or size != g.size or ek == "c" or gk == "c" or \
+                (ek in "iu" and e.itemsize == 8):
             out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
             continue
         calc = _calc_dtype(e, g) if (ek == "f" and e.itemsize == 4 and gk == "f" and g.itemsize == 4) is False \

@@ -77,9 +77,11 @@ def test_many_flags_a_single_bad_element_among_many():
     assert errs[37].err_abs == 1.0 and errs[37].err_h01 == 1 and errs[37].histogram[-2] == 1
 
 
-@pytest.mark.parametrize("dtype, big", [(np.int32, 2**24), (np.uint32, 2**31), (np.int64, 2**40)])
+@pytest.mark.parametrize("dtype, big", [(np.int32, 2**24), (np.uint32, 2**31), (np.int64, 2**40),
+                                        (np.int64, 2**60), (np.uint64, 2**63)])
 def test_large_integers_differing_by_one_are_told_apart(dtype, big):
-    """float32 cannot tell 2**24 + 1 from 2**24: integers of 4 bytes or more are compared in float64."""
+    """float32 cannot tell 2**24 + 1 from 2**24, float64 not 2**60 + 1 from 2**60: integers are told
+    apart exactly."""
     expected = np.array([big + 1, 3, big], dtype=dtype)
     got = np.array([big, 3, big], dtype=dtype)
     one = compute_errors(expected, got, atol=0.0, rtol=0.0)
