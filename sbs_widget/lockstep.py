@@ -141,7 +141,7 @@ class LockstepRun:
         try:
             e = _numpy_of(expected)
             g = got if type(got) is np.ndarray else as_numpy(got)
-        except TypeError as err:
+        except (TypeError, RuntimeError, ValueError) as err:  # this record says so; the run goes on
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"cannot read the value: {err}")
             return None
@@ -661,7 +661,7 @@ def _numpy_of(value) -> np.ndarray:
     if type(value) is torch.Tensor:
         try:
             return value.numpy()
-        except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
+        except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate or negative bit
             pass
     return as_numpy(value)
 

@@ -40,6 +40,8 @@ def as_numpy(value) -> np.ndarray:
             t = t.to(torch.float32)
         if t.is_conj():
             t = t.resolve_conj()
+        if t.is_neg():  # a lazily negated view (complex conjugates): numpy cannot read the bit
+            t = t.resolve_neg()
         return t.numpy()
     if isinstance(value, np.ndarray):
         return value

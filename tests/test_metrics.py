@@ -89,3 +89,14 @@ def test_large_integers_differing_by_one_are_told_apart(dtype, big):
     assert one.err_abs == many[0].err_abs == 1.0
     assert not one.within_tolerance and not many[0].within_tolerance
     assert many[1].err_abs == 0.0 and many[1].within_tolerance
+
+
+def test_lazily_negated_and_conjugated_views_are_read():
+    """Complex ops leave views with torch's negative or conjugate bit, which numpy cannot read."""
+    x = torch.randn(4, dtype=torch.complex64)
+    negated = torch.ops.aten._neg_view(x)
+    assert negated.is_neg()
+    assert compute_errors(negated, -x.numpy(), atol=0.0, rtol=0.0).err_abs == 0.0
+    assert compute_errors(x.conj(), np.conj(x.numpy()), atol=0.0, rtol=0.0).err_abs == 0.0
+    errors = compute_errors_many([(negated, -x.numpy()), (negated, x.numpy())], atol=1e-6, rtol=0.0)
+    assert errors[0].within_tolerance and not errors[1].within_tolerance
