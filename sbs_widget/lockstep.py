@@ -202,7 +202,6 @@ class LockstepRun:
                 out.append(rec)
         if folded:
             self._compare_many(folded)
-            folded.clear()
         for rec in out:
             self._check_exc(rec)  # only compared records can be beyond tolerance
             yield rec

@@ -242,13 +242,9 @@ class OnnxIndex:
     def is_constant(self, value: str) -> bool:
         return value in self.initializers or value in self.constant_nodes
 
-    def initializer_array(self, name: str) -> np.ndarray:
-        """The initializer's values (read-only: raw bytes are read in place, the common case)."""
-        return self.initializer_data(name)[0]
-
     def initializer_data(self, name: str) -> tuple[np.ndarray, bytes | None]:
-        """The initializer's values, and the bytes they are read from in place (None when they are
-        not stored as little-endian raw bytes: then the array is a converted copy)."""
+        """The initializer's values (read-only), and the bytes they are read from in place (None when
+        they are not stored as little-endian raw bytes: then the array is a converted copy)."""
         t = self.initializers[name]
         dtype = ONNX_TO_NUMPY.get(t.data_type)
         if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \

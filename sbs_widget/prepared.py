@@ -377,9 +377,7 @@ def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None) -> bool:
     """Whether ``view`` (torch's memory) holds exactly the file's values, bit for bit: -0.0 is not
     0.0 to the runtime (1/x), and equal NaNs are equal. Compared as bytes: one copy and a memcmp,
     ~2x faster than an element-wise comparison on transposed views."""
-    if raw is not None:
-        return view.tobytes() == raw
-    return view.tobytes() == np.ascontiguousarray(arr).tobytes()
+    return view.tobytes() == (raw if raw is not None else arr.tobytes())  # tobytes: C order, any layout
 
 
 def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:
