@@ -22,6 +22,7 @@ from .local import ANCHOR, local_model
 from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY
 from .records import Record
+from .runtimes import exact_numpy
 from .segments import SMALL_INITIALIZER, Segment, numpy_elem_type, segment_bytes, segment_model
 
 if TYPE_CHECKING:
@@ -81,10 +82,7 @@ class LockstepRun:
         """A torch value as the ONNX side expects value ``like_name`` (dtype and shape)."""
         if not isinstance(value, torch.Tensor):
             value = torch.tensor(value)
-        t = value.detach()
-        if t.dtype == torch.bfloat16:
-            raise TypeError("bfloat16 values cannot be fed to onnxruntime from numpy")
-        arr = t.cpu().numpy()
+        arr = exact_numpy(value)
         vt = self.p.index.types.get(like_name)
         if vt is not None and vt.elem_type in ONNX_TO_NUMPY and arr.dtype != ONNX_TO_NUMPY[vt.elem_type]:
             arr = arr.astype(ONNX_TO_NUMPY[vt.elem_type])

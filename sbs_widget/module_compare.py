@@ -11,7 +11,6 @@ dumped inputs of the top-level module.
 from __future__ import annotations
 
 import ast
-import ctypes
 from typing import Iterator
 
 import numpy as np
@@ -22,6 +21,8 @@ from .dumps import ForwardStealer, flatten_tensors, load_dump
 from .errors import InputError, LoadError
 from .metrics import compute_errors, same_shape
 from .records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
+from .runtimes import exact_numpy, ort_array, ort_value
+from .segments import numpy_elem_type
 from .strings import string_type, torch_dtype
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
@@ -65,21 +66,16 @@ def scope_outputs(model: onnx.ModelProto, path: str) -> list[tuple[int, int, str
 def _to_ort(t: torch.Tensor):
     import onnxruntime
 
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: hand over the bits with their ONNX type
-        return onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(
-            t.view(torch.int16).numpy(), onnx.TensorProto.BFLOAT16)
-    return onnxruntime.OrtValue.ortvalue_from_numpy(t.numpy())
+    return ort_value(onnxruntime, exact_numpy(t))
 
 
 def _from_ort(value) -> torch.Tensor:
-    try:
-        return torch.from_numpy(np.array(value.numpy()))
-    except RuntimeError:  # bfloat16 and float8 have no numpy type: copy the bytes (CPU memory)
-        elem = getattr(onnx.TensorProto, value.data_type().removeprefix("tensor(").removesuffix(")").upper())
-        dtype = torch_dtype(elem)
-        raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(value.shape())
+    arr = ort_array(value)
+    if arr.dtype.kind != "V":
+        return torch.from_numpy(np.array(arr))
+    # bfloat16 / float8 (ml_dtypes): torch reads the bits and views them with their type
+    bits = torch.from_numpy(arr.view(np.int16 if arr.itemsize == 2 else np.uint8))
+    return bits.view(torch_dtype(numpy_elem_type(arr)))
 
 
 def _run_onnx(model: onnx.ModelProto, feeds: list[torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:

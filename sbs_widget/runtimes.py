@@ -10,13 +10,16 @@ models per comparison (one per segment of the graph, see ``segments.py``), never
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import onnx
+import torch
 
 from .errors import InputError
+from .segments import numpy_elem_type
 
 Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 
@@ -66,11 +69,59 @@ class OnnxruntimeRuntime:
         opts.intra_op_num_threads = self.intra_op_num_threads or max(1, _cores() - 1)
         data = model if isinstance(model, bytes) else model.SerializeToString()
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
+        if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
+            def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+                return session.run(outputs, feeds)
 
-        def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
-            return session.run(outputs, feeds)
+            return run
+        ort = self._ort
 
-        return run
+        def run_exotic(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+            # session.run reads and returns numpy types only: bfloat16 / float8 go through OrtValues.
+            values = session.run_with_ort_values(outputs, {k: ort_value(ort, v) for k, v in feeds.items()})
+            return [ort_array(v) for v in values]
+
+        return run_exotic
+
+
+# onnxruntime's names of the types numpy has no dtype for (ml_dtypes, onnx's dependency, has them).
+_NO_NUMPY_TYPE = {"tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
+                  "tensor(float8e5m2fnuz)"}
+
+
+def exact_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy with the same bits: bfloat16 and float8 as their ml_dtypes types (torch's
+    ``.numpy()`` refuses them), for a runtime to compute with exactly torch's values."""
+    t = t.detach().cpu()
+    code = _EXOTIC.get(t.dtype)
+    if code is None:
+        return t.numpy()
+    bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.uint8).numpy()
+    return bits.view(onnx.helper.tensor_dtype_to_np_dtype(code))
+
+
+_EXOTIC = {torch.bfloat16: onnx.TensorProto.BFLOAT16, torch.float8_e4m3fn: onnx.TensorProto.FLOAT8E4M3FN,
+           torch.float8_e4m3fnuz: onnx.TensorProto.FLOAT8E4M3FNUZ, torch.float8_e5m2: onnx.TensorProto.FLOAT8E5M2,
+           torch.float8_e5m2fnuz: onnx.TensorProto.FLOAT8E5M2FNUZ}
+
+
+def ort_value(ort, array: np.ndarray):
+    """An onnxruntime OrtValue of ``array``; ml_dtypes arrays (bfloat16, float8) hand over their bits
+    with their ONNX type."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.kind == "V":
+        bits = array.view(np.uint16 if array.itemsize == 2 else np.uint8)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, numpy_elem_type(array))
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def ort_array(value) -> np.ndarray:
+    """A numpy array of an OrtValue; bfloat16 / float8 as their ml_dtypes types (a copy of the bytes)."""
+    if value.data_type() not in _NO_NUMPY_TYPE:
+        return value.numpy()
+    code = getattr(onnx.TensorProto, value.data_type()[len("tensor("):-1].upper())
+    raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+    return np.frombuffer(bytearray(raw), dtype=onnx.helper.tensor_dtype_to_np_dtype(code)).reshape(value.shape())
 
 
 def _cores() -> int:

@@ -35,7 +35,10 @@ def numpy_elem_type(array) -> int:
     code = _NUMPY_TO_ONNX.get(dt)
     if code is not None:
         return code
-    return onnx.TensorProto.BFLOAT16 if str(dt) == "bfloat16" else 0
+    try:  # ml_dtypes types (bfloat16, float8), as onnx reads them
+        return onnx.helper.np_dtype_to_tensor_dtype(dt)
+    except (KeyError, ValueError, TypeError):
+        return 0
 
 
 @dataclass

@@ -25,6 +25,7 @@ class Summary:
     folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
     worst: Record | None = None
     first_beyond: Record | None = None
+    no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
 
     @property
     def coverage_of_present(self) -> float | None:
@@ -48,6 +49,12 @@ class Summary:
                        f"module {f.module or '-'}) err_abs={f.err_abs:.3g}")
         else:
             out.append("no pair beyond tolerance")
+        if self.no_kernel:
+            ops = ", ".join(f"{op} ({n})" for op, n in sorted(self.no_kernel.items(), key=lambda kv: -kv[1]))
+            out.append(f"the runtime has no kernel for {sum(self.no_kernel.values())} node(s): {ops}; their "
+                       "downstream nodes read the torch values. onnxruntime's CPU provider lacks most "
+                       "bfloat16 kernels: compare on CUDA inputs or with runtime 'onnx.reference' "
+                       "(CLI: --runtime onnx.reference)")
         return out
 
 
@@ -76,6 +83,8 @@ def summarize(records: list[Record], prepared=None) -> Summary:
                 s.worst = r
             if r.status == R.MISMATCH and s.first_beyond is None:
                 s.first_beyond = r
+        elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
+            s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
     if prepared is not None:
         s.covered, s.coverable, s.uncovered = coverage(records, prepared)
         s.coverage = s.covered / s.coverable if s.coverable else None

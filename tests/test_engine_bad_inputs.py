@@ -12,6 +12,7 @@ from onnx import helper
 
 import sbs_widget
 from sbs_widget import faults
+from sbs_widget.summary import summarize
 
 from engine_models import export_module, exported
 
@@ -158,6 +159,44 @@ def test_int_bool_symint_none_outputs():
     x2 = torch.randn(7, 3)
     outs2 = [r for r in sbs_widget.run_aligned(ep, prog.model_proto, (x2, n)) if r.kind == "output"]
     assert all(r.status == "ok" for r in outs2)
+
+
+def test_bfloat16_model_runs_with_its_kernels_and_names_the_missing_ones():
+    """bfloat16 values reach onnxruntime as their bits (numpy has no bfloat16); nodes onnxruntime's CPU
+    provider has no bfloat16 kernel for are marked and named in the summary, and onnx.reference runs
+    every node."""
+    class Half(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, ids):
+            h = self.emb(ids).transpose(0, 1)
+            return self.lin(h).float().sum(-1)
+
+    torch.manual_seed(0)
+    model = Half().to(torch.bfloat16).eval()
+    ids = torch.randint(0, 50, (2, 5))
+    ep, prog = export_module(model, (ids,))
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (ids,)))
+    by_name = {r.ep_name: r for r in records if r.kind == "node"}
+    # Gather and Transpose have bfloat16 kernels: compared bit for bit with torch
+    assert by_name["embedding"].status == "ok" and by_name["embedding"].err_abs == 0
+    assert by_name["transpose"].status == "ok" and by_name["transpose"].err_abs == 0
+    errors = [r for r in records if r.status == "error"]
+    assert any("NOT_IMPLEMENTED" in r.comment and "MatMul" in r.comment for r in errors)
+    assert all("NOT_IMPLEMENTED" in r.comment or "upstream node failed" in r.comment for r in errors)
+    out = next(r for r in records if r.kind == "output")
+    assert out.status == "ok", "the float32 tail runs from the torch values of the nodes without a kernel"
+    summary = summarize(records)
+    assert summary.no_kernel and any("onnx.reference" in line for line in summary.lines())
+
+    reference = list(sbs_widget.run_aligned(ep, prog.model_proto, (ids,), runtime="onnx.reference",
+                                            atol=1e-2, rtol=1e-2))
+    assert {r.status for r in reference} <= {"ok", "one-sided"}
+    assert sum(r.status == "ok" and r.kind == "node" for r in reference) > sum(
+        r.status == "ok" and r.kind == "node" for r in records)
 
 
 def test_if_node_compared_at_its_outputs():
