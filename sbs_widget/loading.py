@@ -21,6 +21,7 @@ import onnx
 import torch
 
 from .errors import InputError, LoadError, ModelMismatchError
+from .untrusted import load_data, load_program, refused_global, register_transformers_type, unregistered_type
 
 
 def is_onnx_program(obj) -> bool:
@@ -36,13 +37,31 @@ def load_exported_program(ep) -> torch.export.ExportedProgram:
             raise LoadError(f"ExportedProgram file not found: {path!r}")
         with contextlib.suppress(ImportError):  # registers transformers' ModelOutput pytree nodes
             import transformers.modeling_outputs  # noqa: F401
-        try:
-            return torch.export.load(path)
-        except Exception as e:  # zip errors, pickle errors, truncated files...
+        program, errors = load_program(path)  # data only: a .pt2 may come from anyone
+        missing = next(filter(None, map(unregistered_type, errors)), None)
+        if program is None and missing is not None and register_transformers_type(missing):
+            program, errors = load_program(path)  # a KV cache, say
+            missing = next(filter(None, map(unregistered_type, errors)), None)
+        if program is not None:
+            return program
+        if missing is not None:
             raise LoadError(
-                f"cannot load ExportedProgram {path!r} ({type(e).__name__}: {e}); "
-                "is it a file written by torch.export.save, and complete?"
-            ) from e
+                f"cannot load ExportedProgram {path!r}: its inputs or outputs hold the type {missing}, which "
+                "is not registered with torch.utils._pytree in this process; register it before loading "
+                f"(torch.utils._pytree.register_pytree_node(..., serialized_type_name={missing!r}), or import "
+                "the module that does)")
+        refused = next(filter(None, map(refused_global, errors)), None)
+        if refused is not None:
+            raise LoadError(
+                f"cannot load ExportedProgram {path!r}: it holds a pickled {refused}, not plain data; pickles "
+                "run code when loaded, so sbs_widget loads data only (weights_only=True). If you trust the "
+                "file, load it yourself (torch.export.load) and pass the ExportedProgram")
+        # zip errors, truncated files... (the first error says what, the last where)
+        causes = [t for t in errors if not t.startswith("Ran into the following error")]
+        raise LoadError(
+            f"cannot load ExportedProgram {path!r} ({'; '.join(dict.fromkeys(causes[:1] + causes[-1:]))}); "
+            "is it a file written by torch.export.save, and complete?"
+        )
     raise InputError(
         f"ep must be a torch.export.ExportedProgram, a path to a .pt2 file or an ONNXProgram, "
         f"not {type(ep).__name__}"
@@ -76,12 +95,15 @@ def load_inputs(args, kwargs) -> tuple[tuple, dict]:
         path = os.fspath(args)
         if not os.path.exists(path):
             raise LoadError(f"inputs file not found: {path!r}")
-        try:
-            data = torch.load(path, weights_only=True, map_location="cpu")
+        try:  # data only (transformers' KV caches allowed): any other class is refused
+            data = load_data(path, map_location="cpu")
         except Exception as e:
+            refused = refused_global(str(e))
+            why = f"it holds a pickled {refused}, not plain data" if refused else f"{type(e).__name__}: {e}"
             raise LoadError(
-                f"cannot load inputs from {path!r} ({type(e).__name__}: {e}); inputs files are read with "
-                "torch.load(weights_only=True): save tensors, tuples, lists and dicts only"
+                f"cannot load inputs from {path!r} ({why}); inputs files are read with "
+                "torch.load(weights_only=True), since pickles run code when loaded: save tensors, tuples, "
+                "lists and dicts (and transformers' KV caches) only"
             ) from e
         if isinstance(data, dict):
             args, kwargs = (), {**data, **(kwargs or {})}

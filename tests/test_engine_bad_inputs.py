@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import zipfile
 
 import numpy as np
 import onnx
@@ -76,6 +78,67 @@ def test_corrupt_and_truncated_files(tmp_path):
     with pytest.raises(sbs_widget.LoadError, match="weights_only"):
         sbs_widget.run_aligned(ep, tmp_path / "m.onnx", tmp_path / "evil.pt")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_pt2_file_cannot_run_code_when_loaded(tmp_path):
+    """torch.export.load falls back to weights_only=False for the pickles inside a .pt2 (its sample
+    inputs here): loading one through sbs_widget unpickles data only."""
+    class Evil:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "pwned"),))
+
+    class AddOne(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    x = torch.randn(3)
+    ep, prog = export_module(AddOne(), (x,))
+    torch.export.save(ep, tmp_path / "ok.pt2")
+    evil = io.BytesIO()
+    torch.save((Evil(),), evil)
+    with zipfile.ZipFile(tmp_path / "ok.pt2") as src, \
+            zipfile.ZipFile(tmp_path / "evil.pt2", "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info.filename, evil.getvalue() if info.filename.endswith("sample_inputs/model.pt") else data)
+    with pytest.raises(sbs_widget.LoadError, match="pickled posix.mkdir, not plain data"):
+        sbs_widget.run_aligned(tmp_path / "evil.pt2", prog.model_proto, (x,))
+    assert not (tmp_path / "pwned").exists()
+    assert torch.load is torch.serialization.load, "torch.load is restored after loading"
+    records = list(sbs_widget.run_aligned(tmp_path / "ok.pt2", prog.model_proto, (x,)))
+    assert records[-1].status == "ok"
+
+
+def test_llm_with_kv_cache_from_files(tmp_path):
+    """An LLM exported with its DynamicCache, saved, and compared from the files: the cache type is
+    registered for loading the .pt2 and allowed in the inputs file (data only)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.cache_utils import DynamicCache
+    from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, use_cache=True,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    register_cache_pytrees_for_model(model)
+    cache = DynamicCache(config=cfg)
+    cache.update(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), 0)
+    ids = torch.randint(0, 100, (1, 2))
+    kwargs = {"attention_mask": torch.ones(1, 5, dtype=torch.int64), "past_key_values": cache}
+    ep, prog = export_module(model, (ids,), kwargs, strict=False)
+    torch.export.save(ep, tmp_path / "llm.pt2")
+    prog.save(str(tmp_path / "llm.onnx"))
+    torch.save(((ids,), kwargs), tmp_path / "inputs.pt")
+    torch.utils._pytree._deregister_pytree_node(DynamicCache)  # as in a fresh process
+    try:
+        records = list(sbs_widget.run_aligned(tmp_path / "llm.pt2", tmp_path / "llm.onnx", tmp_path / "inputs.pt"))
+    finally:
+        register_cache_pytrees_for_model(model)
+    inputs = [r for r in records if r.kind == "input"]
+    assert len(inputs) == 4, "ids, mask, and the cache's key and value"
+    assert {r.status for r in records} <= {"ok", "one-sided"}
+    assert records[-1].kind == "output" and records[-1].status == "ok"
 
 
 def test_op_the_runtime_cannot_run_marks_its_record_and_the_run_continues():
