@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fx_runner import numel_hint
+from .fx_runner import numel_hint, program_outputs
 from .onnx_index import OnnxIndex, ValueType
 
 _TORCH_TO_ONNX = {
@@ -304,8 +304,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             al.weights.append(WeightPair(ph, key, None, False, why))
 
     # Outputs, by position of the flattened outputs.
-    out_node = next(n for n in reversed(nodes) if n.op == "output")
-    flat_out = [v for v in torch.utils._pytree.tree_leaves(out_node.args[0]) if v is not None]  # None outputs are dropped by the exporter
+    flat_out = program_outputs(program)
     for pos, onnx_name in enumerate(index.outputs):
         fx_val = flat_out[pos] if pos < len(flat_out) else None
         fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None

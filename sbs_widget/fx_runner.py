@@ -245,6 +245,12 @@ class FxRunner:
 
 
 def program_outputs(program: torch.export.ExportedProgram) -> list:
-    """The program's flattened outputs, without the None ones: the exporter drops them."""
+    """The program's user outputs, flattened, as the ONNX model's outputs come: without the None ones
+    and without the new values of mutated buffers and inputs (the exporter drops both)."""
     out = next(n for n in reversed(program.graph.nodes) if n.op == "output")
-    return [v for v in torch.utils._pytree.tree_leaves(out.args[0]) if v is not None]
+    values = out.args[0]
+    specs = program.graph_signature.output_specs
+    if isinstance(values, (tuple, list)) and len(values) == len(specs):
+        user = torch.export.graph_signature.OutputKind.USER_OUTPUT
+        values = [v for v, spec in zip(values, specs) if spec.kind == user]
+    return [v for v in torch.utils._pytree.tree_leaves(values) if v is not None]

@@ -11,7 +11,7 @@ from sbs_widget import faults, records as R
 from sbs_widget.engine import prepare
 from sbs_widget.summary import summarize
 
-from engine_models import exported, node_named
+from engine_models import export_module, exported, node_named
 
 
 @pytest.mark.parametrize("optimize", [False, True])
@@ -27,6 +27,33 @@ def test_correct_export_has_no_false_alarm(optimize):
     assert kinds == {"input", "weight", "node", "output"}
     out = [r for r in records if r.kind == "output"]
     assert len(out) == 1 and out[0].status == "ok" and out[0].err_abs < 1e-4
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_programs_that_mutate_a_buffer_and_an_input(optimize):
+    """torch.export returns the new values of mutated buffers and inputs as extra outputs, the ONNX
+    exporter drops them (static KV caches, BatchNorm statistics): the user outputs still pair up, and
+    comparing mutates neither the model's buffer nor the caller's tensor."""
+    class Mutating(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(4))
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, cache):
+            self.seen.add_(x.mean(0))
+            cache.mul_(0.5)
+            return self.lin(x) + self.seen, cache.sum()
+
+    torch.manual_seed(0)
+    x, cache = torch.randn(3, 4), torch.ones(2)
+    ep, prog = export_module(Mutating(), (x, cache), optimize=optimize)
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x, cache)))
+    outputs = [r for r in records if r.kind == "output"]
+    assert [r.status for r in outputs] == ["ok", "ok"]
+    assert outputs[1].err_abs == 0
+    assert {r.status for r in records} <= {"ok", "one-sided"}
+    assert torch.equal(cache, torch.ones(2)) and torch.equal(ep.state_dict["seen"], torch.zeros(4))
 
 
 def test_record_fields_and_dataframe():
