@@ -17,6 +17,7 @@ Inputs and outputs map by position; weights by state-dict key / ``original_node_
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -249,6 +250,21 @@ def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int 
     return infos
 
 
+def _group_ends(index: OnnxIndex, al: Alignment, group: list[int], matches) -> list[str]:
+    """The values a group of ONNX nodes hands to the rest of the graph (or outputs), not paired yet,
+    whose type ``matches``, in node order."""
+    members = set(group)
+    ends = []
+    for i in group:
+        for o in index.node_outputs[i]:
+            if not o or o in al.onnx_to_fx:
+                continue
+            used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs
+            if used_outside and matches(o):
+                ends.append(o)
+    return ends
+
+
 def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
     graph = program.graph
     nodes = list(graph.nodes)
@@ -331,18 +347,22 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         # 2. the value ending the group of ONNX nodes translating this FX node
         group = al.fx_group.get(name, [])
         if group:
-            members = set(group)
-            ends = []
-            for i in group:
-                for o in index.node_outputs[i]:
-                    if not o or o in al.onnx_to_fx:
-                        continue
-                    used_outside = any(c not in members for c in index.consumers.get(o, [])) or o in index.outputs
-                    if used_outside and shape_matches(val, index.types.get(o), info.shape_type):
-                        ends.append(o)
+            ends = _group_ends(index, al, group, lambda o: shape_matches(val, index.types.get(o), info.shape_type))
             if len(ends) >= 1:
                 take(name, ends[-1], "metadata")
                 continue
+        # 2b. an item of a tuple-valued node (batch norm, split, topk...): the metadata names the
+        # tuple's node, so its group's ends are the items; one of them only, or the one at its position
+        parent = node.args[0] if node.target is operator.getitem and len(node.args) == 2 else None
+        if isinstance(parent, torch.fx.Node) and parent.name in al.fx_group and isinstance(node.args[1], int):
+            group = al.fx_group[parent.name]
+            ends = _group_ends(index, al, group, lambda o: shape_matches(val, index.types.get(o), info.shape_type))
+            last = index.node_outputs[group[-1]]
+            k = node.args[1]
+            if len(ends) == 1 and len(group) == 1:
+                take(name, ends[0], "metadata")
+            elif len(ends) > 1 and len(group) == 1 and k < len(last) and last[k] in ends:
+                take(name, last[k], "metadata")
     # 3./4. values whose producer vanished: look at what their consumers read.
     for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:

@@ -56,6 +56,28 @@ def test_programs_that_mutate_a_buffer_and_an_input(optimize):
     assert torch.equal(cache, torch.ones(2)) and torch.equal(ep.state_dict["seen"], torch.zeros(4))
 
 
+def test_items_of_tuple_valued_nodes_pair_through_their_metadata():
+    """Batch norm decomposes to a tuple-valued node and getitem; the ONNX metadata names the tuple's
+    node. Two of them feeding one Add (a residual block's main path and shortcut) are still paired."""
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(3, 4, 1)
+            self.na, self.nb = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.na(self.a(x)) + self.nb(self.b(x)))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    ep, prog = export_module(Residual().eval(), (x,))
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    s = summarize(records, p)
+    assert s.coverage == 1.0, s.uncovered
+    assert s.by_status.get("mismatch", 0) == 0
+
+
 def test_record_fields_and_dataframe():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
