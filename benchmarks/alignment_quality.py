@@ -9,7 +9,7 @@ torch.export.export returns) and report:
 - cov_present: the same among nodes whose value exists in the ONNX graph (folded: constant-folded ones),
 - err_local: share of compared node pairs that got a node-local error.
 
-    python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit] [--layers 2]
+    python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pandas as pd
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="dummy_llm,mlp,convnet,llama,gpt2,bert,vit")
+    parser.add_argument("--models", default="dummy_llm,mlp,convnet,llama,gpt2,bert,vit,resnet")
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--rtol", type=float, default=1e-4)
     args = parser.parse_args(argv)

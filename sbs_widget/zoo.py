@@ -59,6 +59,14 @@ def vit(layers: int = 2, hidden: int = 64, image: int = 32, batch: int = 2, seed
     return model, (torch.randn(batch, 3, image, image),), {}
 
 
+def resnet(seed: int = 0, batch: int = 2, image: int = 32):
+    from transformers import ResNetConfig, ResNetModel
+
+    _seed(seed)
+    cfg = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic")
+    return ResNetModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
+
+
 class MLP(torch.nn.Module):
     def __init__(self, dims=(32, 64, 64, 16)):
         super().__init__()
@@ -111,7 +119,7 @@ def dummy(seed: int = 0):
 
 BUILDERS = {
     "dummy_llm": dummy, "mlp": mlp, "convnet": convnet,
-    "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit,
+    "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet,
 }
 
 
