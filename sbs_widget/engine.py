@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
 import torch
 
 from .align import target_name
-from .errors import InputError, ModelMismatchError
+from .errors import InputError, ModelMismatchError, SbsWidgetWarning
 from .loading import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
 from .onnx_index import OnnxIndex
 from .prepared import DEFAULT_ATOL, DEFAULT_RTOL, Prepared, Progress
@@ -41,6 +42,11 @@ __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "r
 
 _PRINTED_NAMES = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
 
+
+NO_METADATA = (
+    "the ONNX model carries no pkg.torch.onnx metadata (exported with dynamo=False, or stripped since): "
+    "only inputs, weights, outputs and values of the same name and type pair up; export it with "
+    "torch.onnx.export(ep, ..., dynamo=True) to compare node by node")
 
 AGREEMENT_SAMPLE = 128  # FX nodes checked in full (input names): enough to tell two programs apart
 
@@ -113,6 +119,9 @@ def prepare(ep, onx=None) -> Prepared:
                     "from this program"
                 )
         prepared = Prepared(decomposed, model, user, index)
+        if not total and any(op != "Constant" for op in index.op_types):
+            prepared.notes.append(NO_METADATA)
+            warnings.warn(NO_METADATA, SbsWidgetWarning, stacklevel=2)
     _PREPARED[key] = ((ep, onx), prepared)
     while len(_PREPARED) > _PREPARED_MAX:
         _PREPARED.popitem(last=False)

@@ -85,6 +85,7 @@ class Prepared:
         self._weight_records: list[tuple] | None = None
         self._plans: dict[tuple, list[tuple[int, int]]] = {}  # (cuts, most nodes) -> segment ranges
         self.run_plans: dict[tuple, tuple] = {}  # (segment ranges, node_local) -> LockstepRun's release plan
+        self.notes: list[str] = []  # what limits this comparison, said once (e.g. no exporter metadata)
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class Summary:
     worst: Record | None = None
     first_beyond: Record | None = None
     no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
+    notes: list = field(default_factory=list)      # what limits the comparison (Prepared.notes)
 
     @property
     def coverage_of_present(self) -> float | None:
@@ -55,6 +56,7 @@ class Summary:
                        "downstream nodes read the torch values. onnxruntime's CPU provider lacks most "
                        "bfloat16 kernels: compare on CUDA inputs or with runtime 'onnx.reference' "
                        "(CLI: --runtime onnx.reference)")
+        out.extend(f"note: {n}" for n in self.notes)
         return out
 
 
@@ -86,6 +88,7 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
             s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
     if prepared is not None:
+        s.notes = list(prepared.notes)
         s.covered, s.coverable, s.uncovered = coverage(records, prepared)
         s.coverage = s.covered / s.coverable if s.coverable else None
         folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import warnings
 import zipfile
 
 import numpy as np
@@ -14,6 +16,7 @@ from onnx import helper
 
 import sbs_widget
 from sbs_widget import faults
+from sbs_widget.engine import prepare
 from sbs_widget.summary import summarize
 
 from engine_models import export_module, exported
@@ -24,6 +27,23 @@ def test_ep_and_onnx_from_different_models():
     _, other, _, _ = exported("mlp", False)
     with pytest.raises(sbs_widget.ModelMismatchError, match="not exported from this program|outputs"):
         sbs_widget.run_aligned(ep, other.model_proto, args, kwargs)
+
+
+def test_onnx_model_without_exporter_metadata_is_said_so():
+    """A model from the TorchScript exporter (dynamo=False) has no pkg.torch.onnx metadata: the run
+    pairs what it can and says why the rest is one-sided, with the way out."""
+    model, args = sbs_widget.dummy_llm()
+    ep = torch.export.export(model, args)
+    f = io.BytesIO()
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, f, dynamo=False)
+    legacy = onnx.load_from_string(f.getvalue())
+    with pytest.warns(sbs_widget.SbsWidgetWarning, match="no pkg.torch.onnx metadata.*dynamo=True"):
+        p = prepare(ep, legacy)
+    records = list(p.run(args, {}))
+    assert records[-1].kind == "output" and records[-1].status == "ok"
+    assert any("dynamo=True" in line for line in summarize(records, p).lines())
 
 
 def test_output_count_disagrees():
