@@ -24,16 +24,11 @@ import torch
 
 from .fx_runner import numel_hint, program_outputs
 from .onnx_index import OnnxIndex, ValueType
-
-_TORCH_TO_ONNX = {
-    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.uint16: 4, torch.int16: 5, torch.int32: 6,
-    torch.int64: 7, torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.uint32: 12,
-    torch.uint64: 13, torch.complex64: 14, torch.complex128: 15, torch.bfloat16: 16,
-}
-
+from .strings import TORCH_TO_ONNX
 
 def onnx_elem_type(dtype: torch.dtype) -> int:
-    return _TORCH_TO_ONNX.get(dtype, 0)
+    """``strings.onnx_elem_type``, 0 for a dtype ONNX has no type for."""
+    return TORCH_TO_ONNX.get(dtype, 0)
 
 
 def fx_shape_type(val) -> str:
@@ -112,7 +107,7 @@ def _shape_matches(val, vt: ValueType | None) -> bool:
     if vt is None or not vt.elem_type:
         return False
     if isinstance(val, torch.Tensor):
-        if _TORCH_TO_ONNX.get(val.dtype, 0) != vt.elem_type:
+        if TORCH_TO_ONNX.get(val.dtype, 0) != vt.elem_type:
             return False
         if vt.shape is None:
             return True

@@ -151,8 +151,9 @@ class LockstepRun:
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")
             return None
-        if e.dtype != g.dtype and not (isinstance(expected, torch.Tensor) and expected.dtype == torch.bfloat16):
-            rec.comment = _join(rec.comment, f"dtypes differ: torch {e.dtype} vs onnx {g.dtype}")
+        if code != g_code:  # (bfloat16 / float8 are read as float32 on the torch side: same code)
+            torch_dtype = str(expected.dtype).removeprefix("torch.") if isinstance(expected, torch.Tensor) else e.dtype
+            rec.comment = _join(rec.comment, f"dtypes differ: torch {torch_dtype} vs onnx {g.dtype}")
         return e, g
 
     def _check_exc(self, rec: Record) -> None:

@@ -36,8 +36,9 @@ def as_numpy(value) -> np.ndarray:
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.dtype in (torch.bfloat16,) or t.dtype.is_complex and t.dtype not in (torch.complex64, torch.complex128):
-            t = t.to(torch.float32)
+        if t.dtype.is_floating_point and t.dtype not in (torch.float16, torch.float32, torch.float64) or \
+                t.dtype.is_complex and t.dtype not in (torch.complex64, torch.complex128):
+            t = t.to(torch.float32)  # bfloat16, float8: numpy has no such type (float32 holds them exactly)
         if t.is_conj():
             t = t.resolve_conj()
         if t.is_neg():  # a lazily negated view (complex conjugates): numpy cannot read the bit

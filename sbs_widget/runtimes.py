@@ -20,6 +20,7 @@ import torch
 
 from .errors import InputError
 from .segments import numpy_elem_type
+from .strings import TORCH_TO_ONNX
 
 Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 
@@ -93,16 +94,14 @@ def exact_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as numpy with the same bits: bfloat16 and float8 as their ml_dtypes types (torch's
     ``.numpy()`` refuses them), for a runtime to compute with exactly torch's values."""
     t = t.detach().cpu()
-    code = _EXOTIC.get(t.dtype)
-    if code is None:
+    if t.dtype not in _NO_NUMPY_DTYPES:
         return t.numpy()
     bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.uint8).numpy()
-    return bits.view(onnx.helper.tensor_dtype_to_np_dtype(code))
+    return bits.view(onnx.helper.tensor_dtype_to_np_dtype(TORCH_TO_ONNX[t.dtype]))
 
 
-_EXOTIC = {torch.bfloat16: onnx.TensorProto.BFLOAT16, torch.float8_e4m3fn: onnx.TensorProto.FLOAT8E4M3FN,
-           torch.float8_e4m3fnuz: onnx.TensorProto.FLOAT8E4M3FNUZ, torch.float8_e5m2: onnx.TensorProto.FLOAT8E5M2,
-           torch.float8_e5m2fnuz: onnx.TensorProto.FLOAT8E5M2FNUZ}
+_NO_NUMPY_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+                    torch.float8_e5m2fnuz)
 
 
 def ort_value(ort, array: np.ndarray):

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import torch
 
-_TORCH_TO_ONNX = {
+TORCH_TO_ONNX = {
     torch.float32: onnx.TensorProto.FLOAT,
     torch.uint8: onnx.TensorProto.UINT8,
     torch.int8: onnx.TensorProto.INT8,
@@ -32,7 +32,7 @@ _TORCH_TO_ONNX = {
     torch.float8_e5m2: onnx.TensorProto.FLOAT8E5M2,
     torch.float8_e5m2fnuz: onnx.TensorProto.FLOAT8E5M2FNUZ,
 }
-_ONNX_TO_TORCH = {v: k for k, v in _TORCH_TO_ONNX.items()}
+_ONNX_TO_TORCH = {v: k for k, v in TORCH_TO_ONNX.items()}
 
 
 def onnx_elem_type(dtype: torch.dtype) -> int:
@@ -42,7 +42,7 @@ def onnx_elem_type(dtype: torch.dtype) -> int:
     16
     """
     try:
-        return _TORCH_TO_ONNX[dtype]
+        return TORCH_TO_ONNX[dtype]
     except KeyError:
         raise TypeError(f"no ONNX element type for torch dtype {dtype}") from None
 

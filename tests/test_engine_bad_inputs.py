@@ -282,6 +282,24 @@ def test_bfloat16_model_runs_with_its_kernels_and_names_the_missing_ones():
         r.status == "ok" and r.kind == "node" for r in records)
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "onnx.reference"])
+def test_float8_values_are_compared_and_fed_back(runtime):
+    """A float8 value (numpy has no float8) is paired and compared, and a reset feeds torch's float8
+    bits to the downstream ONNX node."""
+    class Quantize(torch.nn.Module):
+        def forward(self, x):
+            return (x * 4).to(torch.float8_e4m3fn).to(torch.float32) / 4
+
+    x = torch.randn(3, 5)
+    ep, prog = export_module(Quantize(), (x,))
+    for reset in ((), ("_to_copy",)):
+        records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x,), runtime=runtime, reset_names=reset))
+        q = next(r for r in records if r.ep_name == "_to_copy")
+        assert q.status == ("reset" if reset else "ok") and q.err_abs == 0
+        assert q.ep_shape_type == q.onnx_shape_type == "T17s3x5" and "dtypes differ" not in q.comment
+        assert records[-1].kind == "output" and records[-1].status == "ok" and records[-1].err_abs == 0
+
+
 def test_if_node_compared_at_its_outputs():
     class Cond(torch.nn.Module):
         def forward(self, x):
