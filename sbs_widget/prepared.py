@@ -325,6 +325,7 @@ class _Weights:
     def __init__(self, p: "Prepared"):
         self._arrays: dict[str, np.ndarray] = {}
         self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
+        self._finite: set[str] = set()  # served from torch's memory, every value finite
         params = {**p.decomposed_ep.state_dict, **{k: v for k, v in p.decomposed_ep.constants.items()
                                                     if isinstance(v, torch.Tensor)}}
         twins: dict[str, tuple[str, bool]] = {}
@@ -345,6 +346,8 @@ class _Weights:
                     view = view.T if twin[1] and view.ndim == 2 else view
                     if view.shape == arr.shape and view.dtype == arr.dtype and _same_bits(view, arr, raw):
                         self._views[name] = (t, twin[1] and view.ndim == 2)
+                        if view.dtype.kind != "f" or np.isfinite(view).all():
+                            self._finite.add(name)
                         continue
             self._arrays[name] = arr
 
@@ -357,6 +360,19 @@ class _Weights:
 
     def __contains__(self, name) -> bool:
         return name in self._arrays or name in self._views
+
+    def is_exactly(self, name: str, tensor) -> bool:
+        """Whether initializer ``name`` holds exactly ``tensor``'s values, with no NaN or Inf: it is
+        served from the memory ``tensor`` views, in ``tensor``'s layout (a transposed twin: the
+        transposed view the program makes of it). The pair's errors are 0 without measuring."""
+        if name not in self._finite or type(tensor) is not torch.Tensor:
+            return False
+        t, transposed = self._views[name]
+        if tensor.data_ptr() != t.data_ptr() or tensor.dtype != t.dtype:
+            return False
+        if transposed:
+            return tensor.shape == t.shape[::-1] and tensor.stride() == t.stride()[::-1]
+        return tensor.shape == t.shape and tensor.stride() == t.stride()
 
     def __iter__(self):
         yield from self._arrays
