@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from .errors import InputError
 
@@ -56,7 +57,12 @@ def _compare(args) -> int:
     _check_output(args.output)
     from .engine import prepare
 
+    begin = time.perf_counter()
     prepared = prepare(args.ep, args.onnx)
+    if prepared.user_ep is not None and not args.quiet:
+        print(f"prepared in {time.perf_counter() - begin:.1f} s, most of it decomposing the program as "
+              "torch.onnx.export does; to skip that next time, save the program it translated "
+              "(torch.export.save(onnx_program.exported_program, ...)) and pass it as --ep", file=sys.stderr)
     return _run_and_report(prepared, args.inputs, None, args)
 
 

@@ -28,6 +28,7 @@ def files(tmp_path_factory):
     target = next(n for n in prog.model_proto.graph.node if n.op_type == "Gelu")
     onnx.save(faults.swap_gelu_approximation(prog.model_proto, target.name), folder / "bad.onnx")
     prog.save(str(folder / "good.onnx"))
+    torch.export.save(prog.exported_program, folder / "decomposed.pt2")
     torch.save(args, folder / "inputs.pt")
     return folder, target.output[0]
 
@@ -40,6 +41,11 @@ def test_compare_writes_every_format_and_summarizes(files):
     assert "coverage: 100.0%" in res.stdout
     assert f"first pair beyond tolerance: {culprit} / {culprit} (Gelu" in res.stdout
     assert "comparing" in res.stderr  # the progress bar
+    assert "decomposing the program as torch.onnx.export does" in res.stderr  # the one-time cost, and the way round
+    res = _cli("compare", "--ep", folder / "decomposed.pt2", "--onnx", folder / "bad.onnx", "--inputs",
+               folder / "inputs.pt")
+    assert res.returncode == 0 and "decomposing" not in res.stderr, res.stderr
+    assert f"first pair beyond tolerance: {culprit} / {culprit} (Gelu" in res.stdout
     df = pd.read_csv(folder / "out.csv")
     assert (df.status == "mismatch").sum() > 0 and "err_abs" in df.columns
     for ext in ("xlsx", "parquet", "html"):
