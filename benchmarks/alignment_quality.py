@@ -10,6 +10,7 @@ torch.export.export returns) and report:
 - err_local: share of compared node pairs that got a node-local error.
 
     python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
+    python benchmarks/alignment_quality.py --models gemma,mistral,phi3,gpt_neox,distilbert,mobilevit
 """
 
 from __future__ import annotations

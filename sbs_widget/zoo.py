@@ -67,6 +67,54 @@ def resnet(seed: int = 0, batch: int = 2, image: int = 32):
     return ResNetModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
 
 
+def _causal_lm(config_class: str, model_class: str, seq: int, batch: int, seed: int, **cfg):
+    import transformers
+
+    _seed(seed)
+    config = getattr(transformers, config_class)(vocab_size=1000, use_cache=False, **cfg)
+    model = getattr(transformers, model_class)(config).eval()
+    return model, (torch.randint(0, 1000, (batch, seq)),), {}
+
+
+_SMALL_DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def gemma(seq: int = 16, batch: int = 2, seed: int = 0):
+    return _causal_lm("GemmaConfig", "GemmaForCausalLM", seq, batch, seed, num_key_value_heads=2, head_dim=16,
+                      **_SMALL_DECODER)
+
+
+def mistral(seq: int = 16, batch: int = 2, seed: int = 0):  # a sliding window shorter than the sequence
+    return _causal_lm("MistralConfig", "MistralForCausalLM", seq, batch, seed, num_key_value_heads=2,
+                      sliding_window=8, **_SMALL_DECODER)
+
+
+def phi3(seq: int = 16, batch: int = 2, seed: int = 0):
+    return _causal_lm("Phi3Config", "Phi3ForCausalLM", seq, batch, seed, num_key_value_heads=2, pad_token_id=0,
+                      **_SMALL_DECODER)
+
+
+def gpt_neox(seq: int = 16, batch: int = 2, seed: int = 0):
+    return _causal_lm("GPTNeoXConfig", "GPTNeoXForCausalLM", seq, batch, seed, **_SMALL_DECODER)
+
+
+def distilbert(seq: int = 16, batch: int = 2, seed: int = 0):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    _seed(seed)
+    cfg = DistilBertConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=128)
+    return DistilBertModel(cfg).eval(), (torch.randint(0, 1000, (batch, seq)),), {}
+
+
+def mobilevit(batch: int = 1, image: int = 32, seed: int = 0):
+    from transformers import MobileViTConfig, MobileViTModel
+
+    _seed(seed)
+    cfg = MobileViTConfig(image_size=image, patch_size=2, hidden_sizes=[32, 48, 64],
+                          neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)
+    return MobileViTModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
+
+
 class MLP(torch.nn.Module):
     def __init__(self, dims=(32, 64, 64, 16)):
         super().__init__()
@@ -120,6 +168,9 @@ def dummy(seed: int = 0):
 BUILDERS = {
     "dummy_llm": dummy, "mlp": mlp, "convnet": convnet,
     "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet,
+    # more families, for benchmarks/alignment_quality.py --models ...
+    "gemma": gemma, "mistral": mistral, "phi3": phi3, "gpt_neox": gpt_neox, "distilbert": distilbert,
+    "mobilevit": mobilevit,
 }
 
 
