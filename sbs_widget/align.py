@@ -96,6 +96,8 @@ _VALUE_PRESERVING = {
     "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.expand.default",
     "aten.contiguous.default", "aten.dropout.default", "aten.lift_fresh_copy.default",
     "aten.clone", "aten.copy.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default",
+    # casts the exporter keeps as they are; a no-op only when dtype and shape do not change (checked)
+    "aten.type_as.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device",
 }
 
 

@@ -78,6 +78,27 @@ def test_items_of_tuple_valued_nodes_pair_through_their_metadata():
     assert s.by_status.get("mismatch", 0) == 0
 
 
+def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_its_input():
+    """``type_as`` / ``to`` to the dtype a value already has stay in the program the exporter
+    translates; the optimizer drops the Cast: the value is its input's, compared through that twin."""
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) + 1
+
+    x = torch.randn(2, 8)
+    ep, prog = export_module(Norm(), (x,), optimize=True)
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    cast = next(r for r in records if r.ep_name == "type_as")
+    assert cast.status == "ok" and "no-op removed" in cast.comment
+    assert summarize(records, p).coverage == 1.0
+
+
 def test_record_fields_and_dataframe():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
