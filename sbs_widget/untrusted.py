@@ -19,6 +19,7 @@ import importlib
 import inspect
 import logging
 import re
+import threading
 
 import torch
 
@@ -130,6 +131,10 @@ def _data_only_unpickling():
 
 
 def load_program(path: str):
-    """``torch.export.load(path)`` unpickling data only: ``(program or None, error texts)``."""
-    with _data_only_unpickling():
+    """``torch.export.load(path)`` unpickling data only: ``(program or None, error texts)``. One load
+    at a time: a second thread's load ending first would otherwise restore ``torch.load`` under this one."""
+    with _ONE_LOAD, _data_only_unpickling():
         return load_capturing_errors(torch.export.load, path)
+
+
+_ONE_LOAD = threading.Lock()
