@@ -26,6 +26,7 @@ from .fx_runner import numel_hint, program_outputs
 from .onnx_index import OnnxIndex, ValueType
 from .strings import TORCH_TO_ONNX
 
+
 def onnx_elem_type(dtype: torch.dtype) -> int:
     """``strings.onnx_elem_type``, 0 for a dtype ONNX has no type for."""
     return TORCH_TO_ONNX.get(dtype, 0)

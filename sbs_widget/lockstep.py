@@ -105,7 +105,6 @@ class LockstepRun:
         """Fill the error fields of each ``(record, torch value, ONNX value)``, all pairs at once: the
         figures of a whole segment come from a few vectorized passes (``compute_errors_many``)."""
         ready, arrays = [], []
-        described = _DESCRIBED
         for rec, expected, got in items:
             # The common case, checked first: a CPU tensor and an array of the same dtype and shape.
             if type(expected) is torch.Tensor and type(got) is np.ndarray:
@@ -114,11 +113,7 @@ class LockstepRun:
                 except (RuntimeError, TypeError):  # autograd, another device, bfloat16, conjugate bit
                     e = None
                 if e is not None and e.dtype == got.dtype and e.shape == got.shape:
-                    key = (e.dtype, e.shape)
-                    text = described.get(key)
-                    if text is None:
-                        text = described[key] = _shape_type(numpy_elem_type(e), e.shape)
-                    rec.ep_shape_type = rec.onnx_shape_type = text
+                    rec.ep_shape_type = rec.onnx_shape_type = _described(e)
                     ready.append(rec)
                     arrays.append((e, got))
                     continue
@@ -197,11 +192,11 @@ class LockstepRun:
                 pair = pairs[name]
                 rec = self._record(name, pair.onnx_value, R.KIND_NODE, pair.how)
                 rec.comment = _join(rec.comment, "constant-folded into an initializer")
-                value = kept[name]
-                if p.weights().is_exactly(pair.onnx_value, value):  # a transposed view of the same bits
+                value, weights = kept[name], p.weights()
+                if weights.is_exactly(pair.onnx_value, value):  # a transposed view of the same bits
                     self._identical(rec, value)
                 else:
-                    folded.append((rec, value, p.weights()[pair.onnx_value]))
+                    folded.append((rec, value, weights[pair.onnx_value]))
                 out.append(rec)
         if folded:
             self._compare_many(folded)
@@ -550,11 +545,7 @@ class LockstepRun:
     def _identical(self, rec: Record, value: torch.Tensor) -> Record:
         """``rec`` filled as measuring a value against its own bits (all finite) would fill it."""
         e = value.numpy()
-        key = (e.dtype, e.shape)
-        text = _DESCRIBED.get(key)
-        if text is None:
-            text = _DESCRIBED[key] = _shape_type(numpy_elem_type(e), e.shape)
-        rec.ep_shape_type = rec.onnx_shape_type = text
+        rec.ep_shape_type = rec.onnx_shape_type = _described(e)
         rec.err_abs = rec.err_rel = rec.err_dev = 0.0
         rec.err_nan = rec.err_h01 = rec.err_h001 = 0
         rec.n_elements, rec.within_tolerance, rec.status = e.size, True, R.OK
@@ -673,6 +664,15 @@ def _shape_type(code: int, shape: tuple) -> str:
         if len(_SHAPE_TYPES) > 4096:
             _SHAPE_TYPES.clear()
         text = _SHAPE_TYPES[key] = f"T{code}s{'x'.join(map(str, shape))}"
+    return text
+
+
+def _described(e: np.ndarray) -> str:
+    """``_shape_type`` of a numpy array, looked up by (dtype, shape): the common case."""
+    key = (e.dtype, e.shape)
+    text = _DESCRIBED.get(key)
+    if text is None:
+        text = _DESCRIBED[key] = _shape_type(numpy_elem_type(e), e.shape)
     return text
 
 

@@ -85,9 +85,6 @@ class OnnxruntimeRuntime:
         return run_exotic
 
 
-# onnxruntime's names of the types numpy has no dtype for (ml_dtypes, onnx's dependency, has them).
-_NO_NUMPY_TYPE = {"tensor(bfloat16)", "tensor(float8e4m3fn)", "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
-                  "tensor(float8e5m2fnuz)"}
 
 
 def exact_numpy(t: torch.Tensor) -> np.ndarray:
@@ -100,8 +97,10 @@ def exact_numpy(t: torch.Tensor) -> np.ndarray:
     return bits.view(onnx.helper.tensor_dtype_to_np_dtype(TORCH_TO_ONNX[t.dtype]))
 
 
+# Types numpy has no dtype for (ml_dtypes, onnx's dependency, has them), and onnxruntime's names of them.
 _NO_NUMPY_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
                     torch.float8_e5m2fnuz)
+_NO_NUMPY_TYPE = {f"tensor({onnx.TensorProto.DataType.Name(TORCH_TO_ONNX[t]).lower()})" for t in _NO_NUMPY_DTYPES}
 
 
 def ort_value(ort, array: np.ndarray):
