@@ -11,6 +11,10 @@ torch.export.export returns) and report:
 
     python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
     python benchmarks/alignment_quality.py --models gemma,mistral,phi3,gpt_neox,distilbert,mobilevit
+    python benchmarks/alignment_quality.py --ort-fusions   # also optimize=True + onnxruntime's fusions
+
+``--ort-fusions`` adds a row per model (optimize "ort"): the optimized export rewritten by onnxscript's
+``optimize_for_ort`` (SkipLayerNormalization, MultiHeadAttention...), as users do before deploying.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="dummy_llm,mlp,convnet,llama,gpt2,bert,vit,resnet")
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--ort-fusions", action="store_true", help="add exports fused for onnxruntime")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     from sbs_widget import zoo
@@ -38,11 +43,12 @@ def main(argv=None) -> int:
 
     rows = []
     for name in args.models.split(","):
-        for optimize in (False, True):
-            with contextlib.redirect_stderr(io.StringIO()):
-                ep, prog, a, kw = zoo.export(name, optimize=optimize)
+        for optimize in (False, True, "ort") if args.ort_fusions else (False, True):
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                ep, prog, a, kw = zoo.export(name, optimize=bool(optimize))
+                model = _fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
             begin = time.perf_counter()
-            prepared = prepare(ep, prog.model_proto)
+            prepared = prepare(ep, model)
             records = list(prepared.run(a, kw, atol=args.atol, rtol=args.rtol, node_local=True))
             seconds = time.perf_counter() - begin
             s = summarize(records, prepared)
@@ -59,10 +65,23 @@ def main(argv=None) -> int:
                 f = s.first_beyond
                 print(f"  {name} optimize={optimize}: first beyond {f.ep_name}/{f.onnx_name} {f.err_abs} {f.comment}",
                       file=sys.stderr)
+            failed = next((r for r in records if r.status == "error"), None)
+            if failed is not None:
+                print(f"  {name} optimize={optimize}: first error {failed.ep_name}/{failed.onnx_name} "
+                      f"({failed.onnx_op_type}): {failed.comment[:200]}", file=sys.stderr)
             print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     print()
     print(pd.DataFrame(rows).to_markdown(index=False) if _has_tabulate() else pd.DataFrame(rows).to_string(index=False))
     return 0
+
+
+def _fused_for_ort(model):
+    import onnx_ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    ir_model = onnx_ir.from_proto(model)
+    optimize_for_ort(ir_model)
+    return onnx_ir.to_proto(ir_model)
 
 
 def _has_tabulate() -> bool:

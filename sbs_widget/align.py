@@ -263,6 +263,24 @@ def _group_ends(index: OnnxIndex, al: Alignment, group: list[int], matches) -> l
     return ends
 
 
+FUSED_REACH = 64  # FX nodes searched upstream of a fused node's last one: a fusion covers a few ops
+
+
+def _upstream_of(node: torch.fx.Node, later: torch.fx.Node | None) -> bool:
+    """Whether ``node`` feeds ``later`` within ``FUSED_REACH`` FX nodes."""
+    if later is None:
+        return False
+    seen, todo = {later}, [later]
+    while todo and len(seen) <= FUSED_REACH:
+        for x in todo.pop().all_input_nodes:
+            if x is node:
+                return True
+            if x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return False
+
+
 def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
     graph = program.graph
     nodes = list(graph.nodes)
@@ -326,6 +344,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
 
     # Intermediate values.
     produced = index.producer
+    by_name = {n.name: n for n in nodes}
     for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:
             continue
@@ -334,10 +353,17 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             continue
         name = node.name
         # 1. by name, checked by provenance and type
-        if name in produced and index.node_fx[produced[name]] in (name, None) \
-                and shape_matches(val, index.types.get(name), info.shape_type) and name not in al.onnx_to_fx:
-            take(name, name, "name")
-            continue
+        if name in produced and name not in al.onnx_to_fx \
+                and shape_matches(val, index.types.get(name), info.shape_type):
+            fx_of_producer = index.node_fx[produced[name]]
+            if fx_of_producer in (name, None):
+                take(name, name, "name")
+                continue
+            if name not in al.fx_group and _upstream_of(node, by_name.get(fx_of_producer)):
+                # A node fused from several (onnxruntime's fusions: skip + RMS norm...) keeps the names
+                # of the values it still hands out; its metadata names the last FX node it covers.
+                take(name, name, "fused")
+                continue
         if name in index.initializers and shape_matches(val, index.types.get(name), info.shape_type) \
                 and name not in al.onnx_to_fx:
             take(name, name, "name")
@@ -377,6 +403,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     producer = produced.get(x)
                     if producer is not None and index.node_fx[producer] == user.name:
                         continue  # internal to the consumer's own translation
+                    if x in by_name and x != node.name:
+                        continue  # named after another FX node: that node's value, not this one's
                     if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]

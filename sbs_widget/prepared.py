@@ -424,3 +424,4 @@ _EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f i
                                                                                  "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
 _MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
+_MATCHED_BY["fused"] = "matched by name: an output of a node fused from several"

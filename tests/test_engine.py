@@ -99,6 +99,53 @@ def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_it
     assert summarize(records, p).coverage == 1.0
 
 
+def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
+    """onnxruntime's fusions (onnxscript's ``optimize_for_ort``) replace the residual Add and the RMS norm
+    after it by one SkipSimplifiedLayerNormalization that still hands out the sum under its FX name,
+    while its metadata names the norm's last node. The sum is paired by its name, not with another
+    value of the same shape read by the next fused node (a false mismatch and wrong node-local
+    errors downstream before)."""
+    onnx_ir = pytest.importorskip("onnx_ir")
+    ort_fusions = pytest.importorskip("onnxscript.rewriter.ort_fusions")
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(d) + 0.5)
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    class Blocks(torch.nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(d, d, bias=False) for _ in range(3))
+            self.norms = torch.nn.ModuleList(RMSNorm(d) for _ in range(3))
+
+        def forward(self, x):
+            h = x
+            for lin, norm in zip(self.lins, self.norms):
+                h = h + lin(norm(h))
+            return h
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    ep, prog = export_module(Blocks(), (x,), optimize=True)
+    ir_model = onnx_ir.from_proto(prog.model_proto)
+    ort_fusions.optimize_for_ort(ir_model)
+    fused = onnx_ir.to_proto(ir_model)
+    assert any(n.op_type == "SkipSimplifiedLayerNormalization" for n in fused.graph.node)
+    p = prepare(ep, fused)
+    records = list(p.run((x,), {}, node_local=True))
+    assert summarize(records, p).by_status.get("mismatch", 0) == 0
+    skip = [r for r in records if r.onnx_op_type == "SkipSimplifiedLayerNormalization" and r.ep_name]
+    sums = [r for r in skip if r.ep_target == "aten.add.Tensor"]
+    assert sums and all(r.ep_name == r.onnx_name and r.status == "ok" for r in sums)
+    assert all("fused" in r.comment for r in sums)
+    # run on torch's inputs, each fused node agrees with torch: it creates no error
+    assert all(r.err_local is not None and r.err_local < 1e-4 for r in skip)
+
+
 def test_record_fields_and_dataframe():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
