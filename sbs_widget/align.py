@@ -88,6 +88,7 @@ class Alignment:
     fx_group: dict[str, list[int]] = field(default_factory=dict)  # FX node -> ONNX node indices
     aliases: dict[str, list[str]] = field(default_factory=dict)   # ONNX value -> more FX nodes equal to it
     alias_of: dict[str, str] = field(default_factory=dict)        # FX node -> ONNX value it equals
+    absorbed: dict[str, str] = field(default_factory=dict)  # FX node -> op of the fused node that took its end
 
 
 # Ops whose output equals their input when shape and dtype are unchanged: the ONNX optimizer removes
@@ -281,6 +282,16 @@ def _upstream_of(node: torch.fx.Node, later: torch.fx.Node | None) -> bool:
     return False
 
 
+def _absorbed(index: OnnxIndex, value: str, fx_name: str) -> bool:
+    """Whether ``value`` (an end of ``fx_name``'s ONNX nodes, not named after it) is read only by
+    fused nodes translating other FX nodes: then the fusion may have taken in the rest of
+    ``fx_name``'s computation (MatMul + Add + Gelu -> MatMul + BiasGelu leaves the MatMul without
+    its bias), and ``value`` is not its twin."""
+    readers = index.consumers.get(value, [])
+    return bool(readers) and value not in index.outputs and \
+        all(index.is_rewritten(i) and index.node_fx[i] != fx_name for i in readers)
+
+
 def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
     graph = program.graph
     nodes = list(graph.nodes)
@@ -372,9 +383,11 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         group = al.fx_group.get(name, [])
         if group:
             ends = _group_ends(index, al, group, lambda o: shape_matches(val, index.types.get(o), info.shape_type))
-            if len(ends) >= 1:
+            if ends and (ends[-1] == name or not _absorbed(index, ends[-1], name)):
                 take(name, ends[-1], "metadata")
                 continue
+            if ends:
+                al.absorbed[name] = index.op_types[index.consumers[ends[-1]][0]]
         # 2b. an item of a tuple-valued node (batch norm, split, topk...): the metadata names the
         # tuple's node, so its group's ends are the items; one of them only, or the one at its position
         parent = node.args[0] if node.target is operator.getitem and len(node.args) == 2 else None
@@ -397,6 +410,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         candidates = []
         for user in node.users:
             for i in al.fx_group.get(user.name, []):
+                if index.is_rewritten(i):
+                    continue  # a fused node's inputs are not its FX node's (a bias may have moved in)
                 for x in index.node_inputs[i]:
                     if x in al.onnx_to_fx or x in candidates:
                         continue

@@ -219,6 +219,9 @@ class LockstepRun:
         rec.status = R.ONE_SIDED
         if fx_name in p.folded_into:
             rec.comment = f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
+        elif fx_name in p.alignment.absorbed:
+            rec.comment = (f"no ONNX value: the fused {p.alignment.absorbed[fx_name]} node took in the end of "
+                           "its computation (its ONNX nodes hand out only a partial value)")
         elif fx_name in p.alignment.fx_group:
             ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
             rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"

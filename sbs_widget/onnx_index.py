@@ -20,6 +20,7 @@ _FX_CALL_RE = re.compile(r"%(\S+) : .*?call_function\[target=([^\]]+)\]")
 _QUOTED = re.compile(r"'([^']*)'")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+_RULE_KEY = "pkg.onnxscript.rewriter.rule_name"
 
 ONNX_TO_NUMPY = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
@@ -209,6 +210,14 @@ class OnnxIndex:
             if prop.key == key:
                 return prop.value
         return None
+
+    def is_rewritten(self, i: int) -> bool:
+        """Whether node ``i`` was made by an onnxscript rewrite rule (a fusion such as BiasGelu): its
+        inputs need not be the inputs of the FX node its metadata names."""
+        cache = self.__dict__.setdefault("_rewritten", {})
+        if i not in cache:
+            cache[i] = self.node_meta(i, _RULE_KEY) is not None
+        return cache[i]
 
     def folded_from(self, value: str) -> list[str]:
         """Values a constant-folded initializer was computed from (onnxscript's metadata)."""

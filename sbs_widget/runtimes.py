@@ -60,7 +60,8 @@ class OnnxruntimeRuntime:
     def compile(self, model: onnx.ModelProto | bytes) -> Compiled:
         opts = self._ort.SessionOptions()
         opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 3
+        # Fatal only: a node that fails is reported by its record, onnxruntime would print it again.
+        opts.log_severity_level = 4
         # Each segment has its own session; arenas would keep every segment's peak allocated.
         opts.enable_cpu_mem_arena = False
         # Memory patterns pre-plan one block for every value of a run and keep it with the session.
@@ -83,8 +84,6 @@ class OnnxruntimeRuntime:
             return [ort_array(v) for v in values]
 
         return run_exotic
-
-
 
 
 def exact_numpy(t: torch.Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ from sbs_widget import faults, records as R
 from sbs_widget.engine import prepare
 from sbs_widget.summary import summarize
 
-from engine_models import export_module, exported, node_named
+from engine_models import export_module, exported, fused_for_ort, node_named
 
 
 @pytest.mark.parametrize("optimize", [False, True])
@@ -105,8 +105,7 @@ def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
     while its metadata names the norm's last node. The sum is paired by its name, not with another
     value of the same shape read by the next fused node (a false mismatch and wrong node-local
     errors downstream before)."""
-    onnx_ir = pytest.importorskip("onnx_ir")
-    ort_fusions = pytest.importorskip("onnxscript.rewriter.ort_fusions")
+    pytest.importorskip("onnxscript.rewriter.ort_fusions")
 
     class RMSNorm(torch.nn.Module):
         def __init__(self, d):
@@ -131,9 +130,7 @@ def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16)
     ep, prog = export_module(Blocks(), (x,), optimize=True)
-    ir_model = onnx_ir.from_proto(prog.model_proto)
-    ort_fusions.optimize_for_ort(ir_model)
-    fused = onnx_ir.to_proto(ir_model)
+    fused = fused_for_ort(prog.model_proto)
     assert any(n.op_type == "SkipSimplifiedLayerNormalization" for n in fused.graph.node)
     p = prepare(ep, fused)
     records = list(p.run((x,), {}, node_local=True))
@@ -144,6 +141,34 @@ def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
     assert all("fused" in r.comment for r in sums)
     # run on torch's inputs, each fused node agrees with torch: it creates no error
     assert all(r.err_local is not None and r.err_local < 1e-4 for r in skip)
+
+
+def test_a_node_whose_end_a_fusion_took_in_is_not_paired_with_its_partial_value():
+    """Fused for onnxruntime, Linear + GELU becomes MatMul + BiasGelu: the MatMul keeps the Linear's
+    metadata but hands out the product without its bias. That partial value is not the Linear's twin
+    (a false mismatch before); the GELU is compared at the fused node's output."""
+    pytest.importorskip("onnxscript.rewriter.ort_fusions")
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    ep, prog = export_module(Mlp(), (x,), optimize=True)
+    fused = fused_for_ort(prog.model_proto)
+    assert any(n.op_type == "BiasGelu" for n in fused.graph.node)
+    p = prepare(ep, fused)
+    records = list(p.run((x,), {}, node_local=True))
+    assert summarize(records, p).by_status.get("mismatch", 0) == 0
+    fc1 = next(r for r in records if r.kind == "node" and r.ep_name == "linear")
+    assert fc1.status == "one-sided" and "BiasGelu" in fc1.comment
+    gelu = next(r for r in records if r.ep_name == "gelu")
+    assert gelu.status == "ok" and gelu.onnx_op_type == "BiasGelu" and gelu.err_local < 1e-4
 
 
 def test_record_fields_and_dataframe():
