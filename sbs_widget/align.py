@@ -282,6 +282,21 @@ def _upstream_of(node: torch.fx.Node, later: torch.fx.Node | None) -> bool:
     return False
 
 
+def _read_for_another_node(index: OnnxIndex, name: str, placeholder: torch.fx.Node | None) -> str | None:
+    """When every ONNX node reading initializer ``name`` translates an FX node other than those
+    reading the weight in the program, the initializer was rewritten under the same name (BatchNorm
+    folded into the convolution before it: the Conv then translates the batch norm): the reader, else
+    None. Readers without metadata say nothing."""
+    readers = index.consumers.get(name, [])
+    if placeholder is None or not readers:
+        return None
+    users = {u.name for u in placeholder.users}
+    fx = [index.node_fx[i] for i in readers]
+    if None in fx or any(f in users for f in fx):
+        return None
+    return f"{index.op_types[readers[0]]} node {index.nodes[readers[0]].name!r} (translating FX node {fx[0]!r})"
+
+
 def _absorbed(index: OnnxIndex, value: str, fx_name: str) -> bool:
     """Whether ``value`` (an end of ``fx_name``'s ONNX nodes, not named after it) is read only by
     fused nodes translating other FX nodes: then the fusion may have taken in the rest of
@@ -320,6 +335,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         if isinstance(fx_node.meta.get("val"), torch.Tensor):
             take(fx_node.name, onnx_name, "input", "input")
 
+    by_name = {n.name: n for n in nodes}
     # Weights: parameters, buffers and lifted constants become initializers named by state-dict key.
     has_origin_meta = any("pkg.torch.onnx.original_node_name" in m for m in index.value_meta.values())
     by_original = {m["pkg.torch.onnx.original_node_name"]: v for v, m in index.value_meta.items()
@@ -336,6 +352,9 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 # Same name, no provenance: the optimizer rewrote it (e.g. BatchNorm folded into Conv).
                 al.weights.append(WeightPair(ph, key, key, False,
                                              "initializer rewritten by the ONNX optimizer (no original_node_name)"))
+            elif (reader := _read_for_another_node(index, key, by_name.get(ph))) is not None:
+                al.weights.append(WeightPair(ph, key, key, False,
+                                             f"initializer rewritten by the ONNX optimizer: read by {reader}"))
             else:
                 al.weights.append(WeightPair(ph, key, key, True))
                 take(ph, key, "weight", "weight")
@@ -355,7 +374,6 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
 
     # Intermediate values.
     produced = index.producer
-    by_name = {n.name: n for n in nodes}
     for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:
             continue

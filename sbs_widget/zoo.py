@@ -174,13 +174,30 @@ BUILDERS = {
 }
 
 
+def trained_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Perturb every floating parameter, and BatchNorm statistics, as training would: a fresh
+    transformers model has zero biases and norms of weight 1, which hide a wrong pairing (a value
+    with its bias against one without) and let the ONNX optimizer merge identical weights."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype), alpha=0.02)
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
+                m.running_mean.add_(torch.rand(m.running_mean.shape, generator=gen) - 0.5)
+                m.running_var.mul_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
+    return model
+
+
 def export(name: str, *, optimize: bool = True, **kw):
-    """Build model ``name`` and export it: returns ``(ep, onnx_program, args, kwargs)``."""
+    """Build model ``name`` (``trained_like``) and export it: returns ``(ep, onnx_program, args, kwargs)``."""
     import contextlib
     import io
     import warnings
 
     model, args, kwargs = BUILDERS[name](**kw)
+    trained_like(model, kw.get("seed", 0))
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, args, kwargs=kwargs)

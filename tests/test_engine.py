@@ -206,6 +206,38 @@ def test_weights_are_compared_and_onnx_runs_with_its_own_weights():
     assert "fc2" in (first_bad.module or "") or "fc2" in (first_bad.ep_name or "")
 
 
+def test_a_weight_rewritten_under_its_own_name_is_marked_not_flagged():
+    """The optimizer folds a BatchNorm into the bias-free convolution before it and keeps the
+    convolution's weight name for the folded weight (no provenance metadata in such a model): the
+    weight record says it was rewritten (the Conv now translates the batch norm), it is no mismatch;
+    a weight really changed in the file is still flagged."""
+    class ConvBn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    torch.manual_seed(0)
+    model = ConvBn().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, 8)
+    ep, prog = export_module(model, (x,), optimize=True)
+    assert [n.op_type for n in prog.model_proto.graph.node] == ["Conv", "Relu"]
+    records = list(prepare(ep, prog.model_proto).run((x,), {}))
+    weight = next(r for r in records if r.kind == "weight" and r.onnx_name == "conv.weight")
+    assert weight.status == "one-sided" and "rewritten" in weight.comment and "Conv" in weight.comment
+    assert all(r.status != "mismatch" for r in records)
+
+    ep, prog = export_module(model, (x,), optimize=False)
+    bad = faults.perturb_initializer(prog.model_proto, "conv.weight", scale=0.5)
+    weight = next(r for r in prepare(ep, bad).run((x,), {}) if r.kind == "weight" and r.onnx_name == "conv.weight")
+    assert weight.status == "mismatch"
+
+
 def test_onnx_program_and_paths(tmp_path):
     ep, prog, args, kwargs = exported("dummy_llm", True)
     via_program = list(sbs_widget.run_aligned(prog, None, args, kwargs))
