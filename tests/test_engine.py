@@ -99,6 +99,21 @@ def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_it
     assert summarize(records, p).coverage == 1.0
 
 
+def _compared_after_ort_fusions(module_class, fused_op: str) -> list:
+    """Records of a seeded ``module_class()`` (on a random (2, 5, 16) input) against its optimized
+    export rewritten by onnxruntime's fusions, which must have made a ``fused_op`` node; none beyond
+    tolerance."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    ep, prog = export_module(module_class(), (x,), optimize=True)
+    fused = fused_for_ort(prog.model_proto)
+    assert any(n.op_type == fused_op for n in fused.graph.node)
+    p = prepare(ep, fused)
+    records = list(p.run((x,), {}, node_local=True))
+    assert summarize(records, p).by_status.get("mismatch", 0) == 0
+    return records
+
+
 def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
     """onnxruntime's fusions (onnxscript's ``optimize_for_ort``) replace the residual Add and the RMS norm
     after it by one SkipSimplifiedLayerNormalization that still hands out the sum under its FX name,
@@ -127,14 +142,7 @@ def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
                 h = h + lin(norm(h))
             return h
 
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 16)
-    ep, prog = export_module(Blocks(), (x,), optimize=True)
-    fused = fused_for_ort(prog.model_proto)
-    assert any(n.op_type == "SkipSimplifiedLayerNormalization" for n in fused.graph.node)
-    p = prepare(ep, fused)
-    records = list(p.run((x,), {}, node_local=True))
-    assert summarize(records, p).by_status.get("mismatch", 0) == 0
+    records = _compared_after_ort_fusions(Blocks, "SkipSimplifiedLayerNormalization")
     skip = [r for r in records if r.onnx_op_type == "SkipSimplifiedLayerNormalization" and r.ep_name]
     sums = [r for r in skip if r.ep_target == "aten.add.Tensor"]
     assert sums and all(r.ep_name == r.onnx_name and r.status == "ok" for r in sums)
@@ -157,14 +165,7 @@ def test_a_node_whose_end_a_fusion_took_in_is_not_paired_with_its_partial_value(
         def forward(self, x):
             return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 16)
-    ep, prog = export_module(Mlp(), (x,), optimize=True)
-    fused = fused_for_ort(prog.model_proto)
-    assert any(n.op_type == "BiasGelu" for n in fused.graph.node)
-    p = prepare(ep, fused)
-    records = list(p.run((x,), {}, node_local=True))
-    assert summarize(records, p).by_status.get("mismatch", 0) == 0
+    records = _compared_after_ort_fusions(Mlp, "BiasGelu")
     fc1 = next(r for r in records if r.kind == "node" and r.ep_name == "linear")
     assert fc1.status == "one-sided" and "BiasGelu" in fc1.comment
     gelu = next(r for r in records if r.ep_name == "gelu")
