@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         for optimize in (False, True, "ort") if args.ort_fusions else (False, True):
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                 ep, prog, a, kw = zoo.export(name, optimize=bool(optimize))
-                model = _fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
+                model = zoo.fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
             begin = time.perf_counter()
             prepared = prepare(ep, model)
             records = list(prepared.run(a, kw, atol=args.atol, rtol=args.rtol, node_local=True))
@@ -73,15 +73,6 @@ def main(argv=None) -> int:
     print()
     print(pd.DataFrame(rows).to_markdown(index=False) if _has_tabulate() else pd.DataFrame(rows).to_string(index=False))
     return 0
-
-
-def _fused_for_ort(model):
-    import onnx_ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
-    ir_model = onnx_ir.from_proto(model)
-    optimize_for_ort(ir_model)
-    return onnx_ir.to_proto(ir_model)
 
 
 def _has_tabulate() -> bool:

@@ -423,5 +423,5 @@ def _onnx_bytes(vt) -> int:
 _EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f in ("ep_target", "onnx_op_type",
                                                                                  "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
-_MATCHED_BY = {how: f"matched by {how}" for how in ("metadata", "folded", "consumer")}
-_MATCHED_BY["fused"] = "matched by name: an output of a node fused from several"
+_MATCHED_BY = {**{how: f"matched by {how}" for how in ("metadata", "folded", "consumer")},
+               "fused": "matched by name: an output of a node fused from several"}

@@ -190,6 +190,21 @@ def trained_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def fused_for_ort(model):
+    """An ONNX model rewritten by onnxscript's fusions for onnxruntime (SkipLayerNormalization,
+    MultiHeadAttention, BiasGelu...), as people do before deploying it."""
+    import contextlib
+    import io
+
+    import onnx_ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    ir_model = onnx_ir.from_proto(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        optimize_for_ort(ir_model)
+    return onnx_ir.to_proto(ir_model)
+
+
 def export(name: str, *, optimize: bool = True, **kw):
     """Build model ``name`` (``trained_like``) and export it: returns ``(ep, onnx_program, args, kwargs)``."""
     import contextlib

@@ -35,13 +35,3 @@ def node_named(model, op_type: str, index: int = -1, *, contains: str = ""):
     nodes = [n for n in model.graph.node if n.op_type == op_type and contains in n.name]
     return nodes[index]
 
-
-def fused_for_ort(model):
-    """The model rewritten by onnxscript's fusions for onnxruntime (as users do before deploying)."""
-    import onnx_ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
-    ir_model = onnx_ir.from_proto(model)
-    with contextlib.redirect_stdout(io.StringIO()):
-        optimize_for_ort(ir_model)
-    return onnx_ir.to_proto(ir_model)

@@ -10,8 +10,9 @@ import sbs_widget
 from sbs_widget import faults, records as R
 from sbs_widget.engine import prepare
 from sbs_widget.summary import summarize
+from sbs_widget.zoo import fused_for_ort
 
-from engine_models import export_module, exported, fused_for_ort, node_named
+from engine_models import export_module, exported, node_named
 
 
 @pytest.mark.parametrize("optimize", [False, True])
