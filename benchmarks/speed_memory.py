@@ -190,6 +190,7 @@ def _plain_session_run(ep, data: bytes, args, kwargs) -> float:
     """One onnxruntime session on the model as exported (no extra outputs, given serialized) and one
     run of it."""
     import onnxruntime as ort
+    import torch
 
     from sbs_widget.fx_runner import flat_inputs
 
@@ -198,7 +199,8 @@ def _plain_session_run(ep, data: bytes, args, kwargs) -> float:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     flat = flat_inputs(ep, args, kwargs)[-len(ep.graph_signature.user_inputs):]
-    sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), flat)})
+    user = [t for t in flat if isinstance(t, torch.Tensor)]
+    sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), user)})
     return time.perf_counter() - begin
 
 
@@ -221,18 +223,11 @@ def _warm_up(program, model, args, kwargs) -> None:
 
     from sbs_widget.fx_runner import flat_inputs
 
-    import onnxruntime as ort
     import torch
 
-    flat = flat_inputs(program, args, kwargs)
     with torch.no_grad():
-        program.graph_module(*flat)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    user = [t for t in flat[len(flat) - len(program.graph_signature.user_inputs):] if isinstance(t, torch.Tensor)]
-    session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), user)})
-    del session
+        program.graph_module(*flat_inputs(program, args, kwargs))
+    _plain_session_run(program, model.SerializeToString(), args, kwargs)  # the session is dropped on return
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
