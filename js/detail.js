@@ -47,7 +47,9 @@ export function renderDetail(container, row, ctx) {
     h("h4", { text: "errors" }),
     kv([["err_abs", fmtErr(row.err_abs)], ["err_rel", fmtErr(row.err_rel)], ["err_dev", fmtErr(row.err_dev)],
       ["err_local", fmtErr(row.err_local)], ["err_nan", row.err_nan], ["> 0.1", fmtInt(row.err_h01)],
-      ["> 0.01", fmtInt(row.err_h001)], ["elements", fmtInt(row.n_elements)]]),
+      ["> 0.01", fmtInt(row.err_h001)], ["elements", fmtInt(row.n_elements)],
+      // at the run's tolerances: which indices of each axis hold the elements beyond it
+      ["beyond tolerance at", row.err_where]]),
   );
   if (Array.isArray(row.histogram) && row.histogram.length) {
     container.append(h("h4", { text: "|diff| histogram" }), histogram(row.histogram, ctx.atol));

@@ -107,7 +107,7 @@ test("hostile names are shown as text, never parsed as HTML", async () => {
 });
 
 test("row click shows the detail with the histogram; graphs get the same selection", async () => {
-  const { el, dispose, graphs } = mount(4, (k) => ({ err_local: 3e-5 }));
+  const { el, dispose, graphs } = mount(4, (k) => ({ err_local: 3e-5, err_where: k === 2 ? "[0, :, 0:2] (8 of 64)" : null }));
   await tick();
   const box = el.querySelector(".sbs-graphs-box");
   box.open = true;
@@ -119,6 +119,7 @@ test("row click shows the detail with the histogram; graphs get the same selecti
   shownRows(el)[2].click();
   const detail = el.querySelector(".sbs-detail").textContent;
   assert.ok(detail.includes("node_2") && detail.includes("val_2") && detail.includes("3.00e-5") && detail.includes("model.py:12"));
+  assert.ok(detail.includes("beyond tolerance at[0, :, 0:2] (8 of 64)"), "where the elements beyond tolerance lie");
   assert.equal(el.querySelectorAll(".sbs-hist-bar").length, 10);
   ctx.select(3);
   assert.deepEqual(seen, [2, 3]);

@@ -316,7 +316,8 @@ def _weight_culprit(k: int, rec: Record, ctx: _Context) -> Culprit:
         onnx_op_type="initializer", ep_name=rec.ep_name, ep_target=rec.ep_target, module=rec.module,
         score=1.0, kind="weight", record=k, err_abs=rec.err_abs, value=ctx.twin_downstream(rec.onnx_name),
         reason=f"initializer {rec.onnx_name!r} differs from the program's {rec.ep_target or rec.ep_name} "
-               f"by {_g(rec.err_abs)}{reader}: the ONNX file holds a different weight",
+               f"by {_g(rec.err_abs)}" + (f" at {rec.err_where}" if rec.err_where else "")
+               + f"{reader}: the ONNX file holds a different weight",
     )
 
 
@@ -348,8 +349,11 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
     group = ctx.group_nodes(rec.onnx_name)
     if len(group) > 1:
         others = [ctx.p.index.nodes[i] for i in group if ctx.p.index.nodes[i].name != rec.onnx_node_name]
-        named = ", ".join(f"{n.op_type} {n.name!r}" for n in others[:3]) + (", ..." if len(others) > 3 else "")
+        shown = sorted(others, key=lambda n: n.op_type in _MOVES_VALUES)  # the nodes that compute first
+        named = ", ".join(f"{n.op_type} {n.name!r}" for n in shown[:3]) + (", ..." if len(others) > 3 else "")
         why += f" (or one of the {len(others)} ONNX-only nodes computed with it: {named})"
+    if rec.err_where:  # a difference confined to some rows or channels says a lot about its cause
+        why += f"; beyond tolerance at {rec.err_where}"
     if "dtypes differ" in (rec.comment or ""):
         why += f"; {rec.comment[rec.comment.index('dtypes differ'):].split(';')[0]}"
     return Culprit(
@@ -358,6 +362,12 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
         kind="node" if rec.err_local is not None else "first-divergence", record=k, err_abs=rec.err_abs,
         err_local=rec.err_local, reason=why, value=rec.onnx_name,
     )
+
+
+# Ops that make constants, read shapes or move values without computing new ones: rarely where a
+# numerical difference starts, so a culprit's reason names the other nodes of its group first.
+_MOVES_VALUES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range", "Slice", "Reshape", "Transpose",
+                           "Unsqueeze", "Squeeze", "Flatten", "Concat", "Split", "Gather", "Expand", "Identity"})
 
 
 def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, atol: float = 1e-4,

@@ -19,7 +19,7 @@ from .background import background
 from .errors import InputError, ToleranceExceeded
 from .fx_runner import FxRunner, program_outputs
 from .local import ANCHOR, local_model
-from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, compute_errors_many, same_shape
+from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY
 from .records import HISTOGRAM_EDGES, Record
 from .runtimes import exact_numpy
@@ -123,11 +123,15 @@ class LockstepRun:
                 arrays.append(pair)
         errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram,
                                      scratch=self.scratch)
-        for rec, err in zip(ready, errors):
+        for rec, err, (e, g) in zip(ready, errors, arrays):
             rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
             rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
             rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
-            rec.status = R.OK if err.within_tolerance else R.MISMATCH
+            if err.within_tolerance:
+                rec.status = R.OK
+            else:  # rare: one more pass over this pair only
+                rec.status = R.MISMATCH
+                rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
 
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
         """Both values as numpy arrays of one shape, or None with the record marked as an error."""
@@ -157,7 +161,8 @@ class LockstepRun:
                 f"beyond tolerance (atol={self.atol}, rtol={self.rtol}) at FX node {rec.ep_name!r} "
                 f"({rec.ep_target}, {rec.ep_shape_type}) vs ONNX value {rec.onnx_name!r} "
                 f"({rec.onnx_op_type} node {rec.onnx_node_name!r}, {rec.onnx_shape_type}): "
-                f"err_abs={rec.err_abs:.3g} err_rel={rec.err_rel:.3g} err_nan={rec.err_nan}",
+                f"err_abs={rec.err_abs:.3g} err_rel={rec.err_rel:.3g} err_nan={rec.err_nan}"
+                + (f", beyond tolerance at {rec.err_where}" if rec.err_where else ""),
                 rec,
             )
 

@@ -126,6 +126,58 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist)
 
 
+def beyond_where(expected, got, *, atol: float, rtol: float) -> str | None:
+    """Where the elements beyond tolerance lie: per axis, the indices holding at least one (``:``
+    for all of them), then how many there are, e.g. ``[0, :, 0:2, :] (128 of 768)``. It tells a
+    difference confined to some rows (padded positions, one batch item, one channel) from one spread
+    everywhere. Same rule as ``compute_errors``: |diff| > atol + rtol * |torch|, or a different NaN/Inf
+    pattern. None when no element is beyond tolerance or the value has no axis."""
+    e, g = as_numpy(expected), as_numpy(got)
+    if e.ndim == 0 or e.shape != g.shape or e.size == 0:
+        return None
+    if np.iscomplexobj(e) or np.iscomplexobj(g):
+        e, g = e.astype(np.complex128), g.astype(np.complex128)
+    else:
+        calc = _calc_dtype(e, g)
+        e, g = e.astype(calc, copy=False), g.astype(calc, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(e - g)
+        bad = ~(diff <= atol + rtol * np.abs(e))  # NaN (NaN, inf - inf) is not <=: beyond
+        if e.dtype.kind in "fc" and not np.isfinite(diff.max()):  # NaN/Inf somewhere
+            suspects = np.flatnonzero(~np.isfinite(diff))  # the same infinity, NaN on both sides agree
+            eb, gb = e.reshape(-1)[suspects], g.reshape(-1)[suspects]
+            bad.reshape(-1)[suspects[(eb == gb) | (np.isnan(eb) & np.isnan(gb))]] = False
+    count = int(np.count_nonzero(bad))
+    if not count:
+        return None
+    axes = range(e.ndim)
+    if count == e.size:
+        return f"[{', '.join(':' for _ in axes)}] ({count} of {e.size})"
+    where = [_index_set(bad.any(axis=tuple(j for j in axes if j != k))) for k in axes]
+    return f"[{', '.join(where)}] ({count} of {e.size})"
+
+
+def _index_set(any_bad: np.ndarray, most: int = 4) -> str:
+    """The indices where ``any_bad`` is true: ``:`` for all of them, else runs of consecutive indices
+    as slices: ``3``, ``0:2``, ``{0, 5:9, 12}``; past ``most`` runs, the first ones and how many."""
+    flags = any_bad.tolist()  # short (one axis): plain Python beats numpy's per-call cost here
+    if all(flags):
+        return ":"
+    runs: list[list[int]] = []
+    for i, flag in enumerate(flags):
+        if flag:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+    parts = [str(a) if b == a + 1 else f"{a}:{b}" for a, b in runs]
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) > most:
+        parts = parts[:most - 1] + [f"... {sum(flags)} of {len(flags)}"]
+    return "{" + ", ".join(parts) + "}"
+
+
 def _exact_integer_differences(diff: np.ndarray, e: np.ndarray, g: np.ndarray) -> None:
     """64-bit integers above 2**53 that differ can round to the same float64: such positions get
     their exact difference (Python integers, only where it was lost)."""

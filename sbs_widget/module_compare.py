@@ -19,7 +19,7 @@ import torch
 
 from .dumps import ForwardStealer, flatten_tensors, load_dump
 from .errors import InputError, LoadError
-from .metrics import compute_errors, same_shape
+from .metrics import beyond_where, compute_errors, same_shape
 from .records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from .runtimes import exact_numpy, ort_array, ort_value
 from .segments import numpy_elem_type
@@ -234,5 +234,7 @@ def compare_dump(dump, onx, *, atol: float = 1e-4, rtol: float = 1e-4, root_iter
                           "within_tolerance", "histogram"):
                 setattr(rec, field, getattr(err, field))
             rec.status = OK if err.within_tolerance else MISMATCH
+            if not err.within_tolerance:
+                rec.err_where = beyond_where(leaf, got, atol=atol, rtol=rtol)
             yield rec
 

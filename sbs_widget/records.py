@@ -40,6 +40,9 @@ class Record:
     - ``err_local``: max |torch - onnx| when the ONNX node (or its fused group) runs on torch inputs
       (``node_local=True``): a large value means this node creates the error, a small one that it only
       inherits it.
+    - ``err_where``: where the elements beyond tolerance lie, per axis, and how many, e.g.
+      ``[0, :, 0:2, :] (128 of 768)``: a difference confined to padded positions, one batch item or one
+      channel shows at a glance. Filled for pairs beyond tolerance only.
     """
 
     ep_id_node: int | None = None
@@ -71,6 +74,7 @@ class Record:
     n_elements: int | None = None
     within_tolerance: bool | None = None
     histogram: tuple[int, ...] | None = field(default=None, repr=False)  # counts of |diff| per decade
+    err_where: str | None = None  # where the elements beyond tolerance lie (metrics.beyond_where)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

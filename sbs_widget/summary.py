@@ -47,7 +47,8 @@ class Summary:
         if self.first_beyond is not None:
             f = self.first_beyond
             out.append(f"first pair beyond tolerance: {f.ep_name} / {f.onnx_name} ({f.onnx_op_type}, "
-                       f"module {f.module or '-'}) err_abs={f.err_abs:.3g}")
+                       f"module {f.module or '-'}) err_abs={f.err_abs:.3g}"
+                       + (f", beyond tolerance at {f.err_where}" if f.err_where else ""))
         else:
             out.append("no pair beyond tolerance")
         if self.no_kernel:

@@ -50,6 +50,7 @@ def test_culprit_fields_and_reason():
     assert c.onnx_node == node.name and c.onnx_op_type == "LayerNormalization"
     assert c.ep_name and c.ep_target and c.module and 0 < c.score <= 1
     assert "LayerNormalization gives" in c.reason and "the node itself differs" in c.reason
+    assert "; beyond tolerance at [" in c.reason  # where in the value (records' err_where)
     assert set(c.to_dict()) >= {"onnx_node", "onnx_name", "onnx_op_type", "ep_name", "ep_target", "module",
                                 "score", "reason"}
     assert sbs_widget.culprits(ep, prog.model_proto, args, kwargs) == []

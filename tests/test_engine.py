@@ -333,6 +333,42 @@ def test_exc_raises_at_first_pair_beyond_tolerance():
     assert got and all(r.status != "mismatch" for r in got)
 
 
+class _Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 6)
+
+    def forward(self, x):
+        return self.proj(x).sum(dim=-1)
+
+
+def test_records_beyond_tolerance_say_where_the_difference_lies():
+    """One element of a bias wrong in the file: the weight, the Linear's value and its sum over the
+    last axis are beyond tolerance, each at the indices the element reaches; the culprit's reason, the
+    exception of exc=True and the summary say where too."""
+    torch.manual_seed(0)
+    args = (torch.randn(3, 5, 8),)
+    ep, prog = export_module(_Head().eval(), args)
+    bad = onnx.ModelProto()
+    bad.CopyFrom(prog.model_proto)
+    bias = next(i for i in bad.graph.initializer if i.name == "proj.bias")
+    values = onnx.numpy_helper.to_array(bias).copy()
+    values[4] += 1.0
+    bias.CopyFrom(onnx.numpy_helper.from_array(values, bias.name))
+    records = list(sbs_widget.run_aligned(ep, bad, args))
+    where = {r.ep_name: r.err_where for r in records if r.status == "mismatch"}
+    assert where["p_proj_bias"] == "[4] (1 of 6)"
+    assert where["linear"] == "[:, :, 4] (15 of 90)"  # every row, only the 5th feature
+    assert where["sum_1"] == "[:, :] (15 of 15)"
+    assert all(r.err_where is None for r in records if r.status != "mismatch")
+    assert "err_where" in sbs_widget.to_dataframe(records).columns
+    assert "beyond tolerance at [4] (1 of 6)" in "\n".join(summarize(records, prepare(ep, bad)).lines())
+    with pytest.raises(sbs_widget.ToleranceExceeded, match=r"beyond tolerance at \[4\] \(1 of 6\)"):
+        list(sbs_widget.run_aligned(ep, bad, args, exc=True))
+    culprit = sbs_widget.culprits(ep, bad, args)[0]
+    assert culprit.kind == "weight" and "by 1 at [4] (1 of 6)" in culprit.reason
+
+
 def test_tolerances_apply_without_verbosity():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, atol=0.0, rtol=0.0))

@@ -100,3 +100,33 @@ def test_lazily_negated_and_conjugated_views_are_read():
     assert compute_errors(x.conj(), np.conj(x.numpy()), atol=0.0, rtol=0.0).err_abs == 0.0
     errors = compute_errors_many([(negated, -x.numpy()), (negated, x.numpy())], atol=1e-6, rtol=0.0)
     assert errors[0].within_tolerance and not errors[1].within_tolerance
+
+
+def test_beyond_where_names_the_indices_per_axis():
+    where = metrics.beyond_where
+    a = np.zeros((2, 4, 6, 16), np.float32)
+    b = a.copy()
+    b[0, :, 0:2, :] = 1  # e.g. the padded positions of one batch item
+    assert where(a, b, atol=1e-4, rtol=1e-4) == "[0, :, 0:2, :] (128 of 768)"
+    b = a.copy()
+    b[1, 2, [0, 3, 4, 5], 7] = np.nan  # a NaN where torch has a number
+    assert where(a, b, atol=1e-4, rtol=1e-4) == "[1, 2, {0, 3:6}, 7] (4 of 768)"
+    b = a.copy()
+    b[0, 0, 0, ::2] = 1  # many runs: the first ones and how many indices
+    assert where(a, b, atol=1e-4, rtol=1e-4) == "[0, 0, 0, {0, 2, 4, ... 8 of 16}] (8 of 768)"
+    b = a + 5e-5  # within atol everywhere
+    assert where(a, b, atol=1e-4, rtol=0) is None
+    assert where(a, b, atol=0, rtol=0) == "[:, :, :, :] (768 of 768)"
+
+
+def test_beyond_where_follows_the_comparison_rule_on_special_values():
+    where = metrics.beyond_where
+    x = np.array([np.inf, np.nan, 1.0, -np.inf])
+    assert where(x, x.copy(), atol=0, rtol=0) is None  # the same NaN/Inf pattern agrees
+    assert where(x, np.array([np.inf, 1.0, 1.0, np.inf]), atol=0, rtol=0) == "[{1, 3}] (2 of 4)"
+    big = np.array([100.0, 1.0], np.float32)
+    assert where(big, big + np.float32(0.5), atol=0.1, rtol=0.01) == "[1] (1 of 2)"  # rtol scales with |torch|
+    assert where(np.arange(5), np.array([0, 1, 2, 4, 4]), atol=0, rtol=0) == "[3] (1 of 5)"
+    assert where(np.array([True, False]), np.array([True, True]), atol=0, rtol=0) == "[1] (1 of 2)"
+    assert where(torch.ones(3, dtype=torch.bfloat16), np.zeros(3, np.float32), atol=0, rtol=0) == "[:] (3 of 3)"
+    assert where(np.float32(1), np.float32(2), atol=0, rtol=0) is None  # no axis to name
