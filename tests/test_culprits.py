@@ -17,7 +17,7 @@ import sbs_widget
 from sbs_widget import faults
 from sbs_widget.engine import prepare
 
-from engine_models import exported, node_named
+from engine_models import export_module, exported, node_named
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from culprit_accuracy import evaluate, make_faults  # noqa: E402
@@ -55,6 +55,30 @@ def test_culprit_fields_and_reason():
                                 "score", "reason"}
     assert sbs_widget.culprits(ep, prog.model_proto, args, kwargs) == []
     assert sbs_widget.find_culprits([]) == []
+
+
+class _MaskedAttention(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_a_difference_in_fully_masked_rows_is_located(optimize):
+    """A real discrepancy of the exporter (torch 2.13): for a query row whose keys are all masked (left
+    padding does that), torch's attention returns zeros and the exported graph the mean of the values.
+    The culprit is the attention, and the reason says the difference lies in that row only."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 3, 4) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
+    mask[0, 0, 0] = False  # batch item 0, query 0: every key masked
+    args = (q, k, v, mask)
+    ep, prog = export_module(_MaskedAttention(), args, optimize=optimize)
+    found = sbs_widget.culprits(ep, prog.model_proto, args)
+    if not found:
+        pytest.skip("this exporter matches torch on fully masked rows")
+    c = found[0]
+    assert c.ep_target == "aten.scaled_dot_product_attention.default"
+    assert c.reason.endswith("beyond tolerance at [0, :, 0, :] (4 of 24)")  # (axis 1 has one index)
 
 
 def test_cast_names_the_cast():
