@@ -12,9 +12,12 @@ torch.export.export returns) and report:
     python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
     python benchmarks/alignment_quality.py --models gemma,mistral,phi3,gpt_neox,distilbert,mobilevit
     python benchmarks/alignment_quality.py --ort-fusions   # also optimize=True + onnxruntime's fusions
+    python benchmarks/alignment_quality.py --dtype float16 --models llama,gpt2,bert,vit,mlp,convnet,resnet
 
 ``--ort-fusions`` adds a row per model (optimize "ort"): the optimized export rewritten by onnxscript's
 ``optimize_for_ort`` (SkipLayerNormalization, MultiHeadAttention...), as users do before deploying.
+``--dtype float16`` casts the models first; the tolerance is then the program's default (3e-2) unless
+``--atol``/``--rtol`` are given (column ``tol``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ import pandas as pd
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="dummy_llm,mlp,convnet,llama,gpt2,bert,vit,resnet")
-    parser.add_argument("--atol", type=float, default=1e-4)
-    parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--atol", type=float, default=None, help="default: the program's (1e-4 for float32)")
+    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--dtype", default=None, help="cast the models first: float16, bfloat16")
     parser.add_argument("--ort-fusions", action="store_true", help="add exports fused for onnxruntime")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
+    import torch
+
     from sbs_widget import zoo
     from sbs_widget.engine import prepare
     from sbs_widget.summary import summarize
@@ -45,11 +51,13 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         for optimize in (False, True, "ort") if args.ort_fusions else (False, True):
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-                ep, prog, a, kw = zoo.export(name, optimize=bool(optimize))
+                ep, prog, a, kw = zoo.export(name, optimize=bool(optimize),
+                                             dtype=getattr(torch, args.dtype) if args.dtype else None)
                 model = zoo.fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
             begin = time.perf_counter()
             prepared = prepare(ep, model)
-            records = list(prepared.run(a, kw, atol=args.atol, rtol=args.rtol, node_local=True))
+            atol, rtol = prepared.tolerance(args.atol, args.rtol)
+            records = list(prepared.run(a, kw, atol=atol, rtol=rtol, node_local=True))
             seconds = time.perf_counter() - begin
             s = summarize(records, prepared)
             nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "mismatch") and r.onnx_op_type != "initializer"]
@@ -59,7 +67,8 @@ def main(argv=None) -> int:
                 errors=s.by_status.get("error", 0), coverage=round(100 * (s.coverage or 0), 1),
                 cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded,
                 err_local=round(100 * sum(r.err_local is not None for r in nodes) / max(1, len(nodes)), 1),
-                worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", seconds=round(seconds, 2),
+                worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", tol=f"{atol:g}/{rtol:g}",
+                seconds=round(seconds, 2),
             ))
             if s.first_beyond is not None:
                 f = s.first_beyond

@@ -39,8 +39,9 @@ def register_cli(sub) -> None:
 
 def _common(p) -> None:
     p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
-    p.add_argument("--atol", type=float, default=1e-4)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=None,
+                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
+    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
     p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
                    help="FX or ONNX names whose torch value replaces the ONNX one downstream")
     p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
@@ -83,6 +84,7 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
     from tqdm import tqdm
 
     from .summary import summarize
+    from .tolerance import describe as describe_tolerance
 
     bar = None if args.quiet else tqdm(total=prepared.n_fx_nodes, unit="node", desc="comparing", file=sys.stderr)
 
@@ -94,6 +96,8 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
                 bar.refresh()
 
     records = []
+    defaults = (args.atol is None, args.rtol is None)
+    args.atol, args.rtol = prepared.tolerance(args.atol, args.rtol)
     try:
         for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
                                 reset_names=args.reset, node_local=args.node_local, progress=progress):
@@ -106,6 +110,7 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
             print(f"wrote {len(records)} records to {args.output}")
     for line in summarize(records, prepared).lines():
         print(line)
+    print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
     if getattr(args, "culprits", 0):
         _print_culprits(records, prepared, args)
     return 0

@@ -34,8 +34,9 @@ def _files(p) -> None:
     p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
     p.add_argument("--inputs", required=True,
                    help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
-    p.add_argument("--atol", type=float, default=1e-4)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=None,
+                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
+    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
     p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
 
 

@@ -18,8 +18,9 @@ def register_cli(subparsers) -> None:
     p.add_argument("--inputs", help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
                    "without it the graphs are drawn unpainted")
     p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write")
-    p.add_argument("--atol", type=float, default=1e-4)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=None,
+                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
+    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
     p.add_argument("--title", default=None)
     p.set_defaults(func=_run)
 

@@ -28,6 +28,7 @@ import onnx
 
 from . import records as R
 from .records import Record
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 
 DEFAULT_TOP = 10
 
@@ -238,12 +239,13 @@ class _Context:
 
 
 def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared=None,
-                  atol: float = 1e-4, rtol: float = 1e-4) -> list[Culprit]:
+                  atol: float | None = None, rtol: float | None = None) -> list[Culprit]:
     """Rank the places where errors originate, most likely first.
 
     ``records``: what ``run_aligned``/``Prepared.run`` yielded, best with ``node_local=True``
     (``err_local``); ``prepared``: the ``Prepared`` pair they come from (optional: it adds input
-    agreement and Cast attribution). An export whose values all agree gives ``[]``.
+    agreement and Cast attribution). An export whose values all agree gives ``[]``. ``atol``/``rtol``:
+    those of the run (``None``: the program's default with ``prepared``, else 1e-4).
 
     >>> import sbs_widget
     >>> rec = sbs_widget.Record(onnx_name="y", onnx_node_name="n", onnx_op_type="Add", status="mismatch",
@@ -252,6 +254,8 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
     ['n']
     """
     records = list(records)
+    atol, rtol = prepared.tolerance(atol, rtol) if prepared is not None else \
+        (DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol)
     ctx = _Context(records, prepared)
     out: list[Culprit] = []
     first_seen = False
@@ -370,8 +374,8 @@ _MOVES_VALUES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Rang
                            "Unsqueeze", "Squeeze", "Flatten", "Concat", "Split", "Gather", "Expand", "Identity"})
 
 
-def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, atol: float = 1e-4,
-             rtol: float = 1e-4, runtime: str = "onnxruntime") -> list[Culprit]:
+def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, atol: float | None = None,
+             rtol: float | None = None, runtime: str = "onnxruntime") -> list[Culprit]:
     """Run ``ep`` and ``onx`` side by side with ``node_local=True`` and return ``find_culprits``.
 
     ``ep``/``onx``: as for ``prepare`` (or a ``Prepared``); ``inputs``: args tuple, or a path to a
@@ -384,6 +388,7 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     []
     """
     prepared = as_prepared(ep, onx)
+    atol, rtol = prepared.tolerance(atol, rtol)
     records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True))
     return find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
 
@@ -422,8 +427,8 @@ def _worst(errs) -> float | None:
     return max(known) if known else None
 
 
-def suggest_resets(prepared, inputs=(), records=None, *, kwargs=None, atol: float = 1e-4, rtol: float = 1e-4,
-                   max_steps: int = 5, runtime: str = "onnxruntime") -> ResetSuggestion:
+def suggest_resets(prepared, inputs=(), records=None, *, kwargs=None, atol: float | None = None,
+                   rtol: float | None = None, max_steps: int = 5, runtime: str = "onnxruntime") -> ResetSuggestion:
     """The smallest set of names (ONNX values with a torch twin) whose reset brings the model outputs
     within tolerance: greedily reset the top culprit not yet reset, rerun (cheap: sessions are cached
     on ``prepared``), until the outputs agree or ``max_steps``; then drop the names not needed.
@@ -434,6 +439,7 @@ def suggest_resets(prepared, inputs=(), records=None, *, kwargs=None, atol: floa
     >>> # s = sbs_widget.suggest_resets(prepared, inputs); s.names, s.before, s.after
     """
     p = as_prepared(prepared) if not isinstance(prepared, tuple) else as_prepared(*prepared)
+    atol, rtol = p.tolerance(atol, rtol)
 
     def run(names):
         return list(p.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=names,

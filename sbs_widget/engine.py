@@ -33,7 +33,8 @@ from .align import target_name
 from .errors import InputError, ModelMismatchError, SbsWidgetWarning
 from .loading import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
 from .onnx_index import OnnxIndex
-from .prepared import DEFAULT_ATOL, DEFAULT_RTOL, Prepared, Progress
+from .prepared import Prepared, Progress
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from .records import Record
 from .runtimes import Runtime
 
@@ -139,7 +140,7 @@ def _cache_key(ep, onx) -> tuple:
 
 
 def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
-                atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
+                atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
                 node_local: bool = False, exc: bool = False, progress: Progress | None = None,
                 **options) -> Iterator[Record]:
     """Run ``ep`` and ``onx`` in lockstep and yield one ``Record`` per aligned pair, in execution order.
@@ -149,7 +150,9 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
     - ``reset_names``: FX node names or ONNX value names whose torch value replaces the ONNX one for
       every downstream ONNX node ("if this value were right, would the rest be?").
     - ``node_local``: also run each ONNX node (or fused group) on torch inputs; fills ``err_local``.
-    - ``atol``/``rtol``: a pair is beyond tolerance when some |diff| > atol + rtol * |torch|.
+    - ``atol``/``rtol``: a pair is beyond tolerance when some |diff| > atol + rtol * |torch|. ``None``:
+      the default for the precision the program computes in (1e-4 for float32, 3e-2 for float16: see
+      ``tolerance.py``; ``Prepared.tolerance()`` tells which).
     - ``exc``: raise ``ToleranceExceeded`` at the first pair beyond tolerance.
     - ``progress``: called with ``(done, total, current FX node name)``.
     - ``runtime``: ``"onnxruntime"`` (CUDA provider when inputs are on CUDA), ``"onnx.reference"`` or

@@ -20,6 +20,7 @@ import torch
 from .dumps import ForwardStealer, flatten_tensors, load_dump
 from .errors import InputError, LoadError
 from .metrics import beyond_where, compute_errors, same_shape
+from .tolerance import least_precise_float, tolerance_for
 from .records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from .runtimes import exact_numpy, ort_array, ort_value
 from .segments import numpy_elem_type
@@ -134,7 +135,7 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple | None]:
     return shapes
 
 
-def compare_dump(dump, onx, *, atol: float = 1e-4, rtol: float = 1e-4, root_iteration: int = 0,
+def compare_dump(dump, onx, *, atol: float | None = None, rtol: float | None = None, root_iteration: int = 0,
                  scopes: dict[str, str] | None = None) -> Iterator[Record]:
     """Compare each stolen module output with the ONNX value that ends the module's scope.
 
@@ -143,7 +144,8 @@ def compare_dump(dump, onx, *, atol: float = 1e-4, rtol: float = 1e-4, root_iter
     ``torch.onnx.export(..., dynamo=True)``. The first call in the
     dump is the top-level module; its call ``root_iteration`` feeds the ONNX inputs (tensors by position)
     and the modules called within it are compared. Names are module paths (``decoder.attention``) unless
-    ``scopes`` maps a name to one. Records come in the order modules return (inner before outer), so the
+    ``scopes`` maps a name to one. ``atol``/``rtol``: ``None`` for the default of the least precise
+    floating type in the dump (``tolerance.py``). Records come in the order modules return (inner before outer), so the
     first mismatch is where the difference starts.
 
     >>> import os, tempfile, torch, sbs_widget
@@ -172,6 +174,9 @@ def compare_dump(dump, onx, *, atol: float = 1e-4, rtol: float = 1e-4, root_iter
     if start not in dump or end not in dump:
         raise InputError(f"the dump has no complete call {root}[{root_iteration}] (inputs and outputs)")
     window = keys[keys.index(start): keys.index(end) + 1]
+    if atol is None or rtol is None:
+        default = tolerance_for(least_precise_float(dump[k] for k in window))
+        atol, rtol = (default if atol is None else atol), (default if rtol is None else rtol)
     scopes = dict(scopes or {})
     scopes.setdefault(root, "")
     shapes = _static_shapes(onx)

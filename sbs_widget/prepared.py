@@ -24,9 +24,8 @@ from .onnx_index import OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
 from .segments import Segment, describe_segment, plan_segments
+from .tolerance import program_precision, tolerance_for
 
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-4
 SEGMENT_NODES = 400  # most ONNX nodes per segment
 MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
 
@@ -282,9 +281,26 @@ class Prepared:
                 )
         return out
 
+    # -- tolerance -------------------------------------------------------------------------------
+    @property
+    def precision(self) -> torch.dtype | None:
+        """The least precise floating type the program computes in (it sets the default tolerance)."""
+        if "_precision" not in self.__dict__:
+            self.__dict__["_precision"] = program_precision(self.decomposed_ep)
+        return self.__dict__["_precision"]
+
+    def tolerance(self, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+        """``(atol, rtol)``, each given one as is, each ``None`` the default for the program's
+        precision (``tolerance.py``: 1e-4 for float32, 3e-2 for float16)."""
+        if atol is None or rtol is None:
+            default = tolerance_for(self.precision)
+            atol = default if atol is None else atol
+            rtol = default if rtol is None else rtol
+        return atol, rtol
+
     # -- running ---------------------------------------------------------------------------------
     def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
-            atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, reset_names: Iterable[str] = (),
+            atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
             keep_sessions: bool = True) -> Iterator[Record]:
@@ -294,6 +310,7 @@ class Prepared:
         compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
         an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
         than the model itself."""
+        atol, rtol = self.tolerance(atol, rtol)
         args, kwargs = load_inputs(args, kwargs)
         flat = flat_inputs(self.decomposed_ep, args, kwargs)
         check_inputs(self.decomposed_ep, flat)

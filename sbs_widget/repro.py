@@ -163,8 +163,8 @@ def piece_model(prepared, value: str, feed_types: dict[str, int]) -> tuple[onnx.
     return model, [prepared.index.nodes[i].name for i in g.nodes]
 
 
-def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: float = 1e-4,
-                 rtol: float = 1e-4) -> ReproBundle:
+def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: float | None = None,
+                 rtol: float | None = None) -> ReproBundle:
     """Write the smallest ONNX model reproducing ``culprit`` (a ``Culprit``, or an ONNX value, ONNX
     node, FX node or initializer name) into ``folder``, with its torch inputs, expected output, the FX
     op and a ``replay.py``. ``prepared``: a ``Prepared`` or an ``(ep, onx)`` pair.
@@ -175,6 +175,7 @@ def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: f
     from .culprits import as_prepared
 
     p = as_prepared(*prepared) if isinstance(prepared, tuple) else as_prepared(prepared)
+    atol, rtol = p.tolerance(atol, rtol)
     value = _resolve(p, culprit)
     g = p.group(value)
     if g is None:

@@ -17,6 +17,7 @@ import traitlets
 
 from .errors import SbsWidgetWarning
 from .records import to_dataframe
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from .widget_rows import ROW_COLUMNS, compare_runs, encode_rows
 from .widget_run import DONE, FAILED, RUNNING, STOPPED, Run, Runner
 
@@ -37,6 +38,8 @@ class SbsWidget(anywidget.AnyWidget):
 
     ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
     ``onx=None`` when ``ep`` is a ``torch.onnx.ONNXProgram`` (it holds both sides).
+    ``atol``/``rtol``: ``None`` for the default of the precision the program computes in (1e-4 for
+    float32, 3e-2 for float16), set on the widget once the first run has prepared the program.
 
     Example (in a notebook; ``w.wait()`` blocks until the run ends)::
 
@@ -68,10 +71,13 @@ class SbsWidget(anywidget.AnyWidget):
     onnx_dot = traitlets.Unicode("").tag(sync=True)
     culprits = traitlets.List().tag(sync=True)  # of the latest finished run: Culprit dicts + "i" (record)
 
-    def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float = 1e-4,
-                 rtol: float = 1e-4, runtime=None, node_local: bool = False, autostart: bool = True,
+    def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
+                 rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
                  title: str = "", **widget_kwargs):
-        super().__init__(atol=atol, rtol=rtol, title=title, **widget_kwargs)
+        # None: the default for the precision the program computes in, known once it is prepared
+        self._default_tolerance = (atol is None, rtol is None)
+        super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
+                         title=title, **widget_kwargs)
         self._ep, self._onx = ep, onx
         self._args = inputs if inputs is not None else ()
         self._kwargs = kwargs
@@ -193,6 +199,11 @@ class SbsWidget(anywidget.AnyWidget):
 
     def _start_run(self, run: Run, progress):
         prepared = self._prepare()
+        if any(self._default_tolerance):  # the first run settles them; the user's edits stand after
+            auto_atol, auto_rtol = self._default_tolerance
+            self._default_tolerance = (False, False)
+            run.atol, run.rtol = prepared.tolerance(None if auto_atol else run.atol, None if auto_rtol else run.rtol)
+            self.atol, self.rtol = run.atol, run.rtol
         if run is self._runs[-1] and self.status == "preparing":
             self.status = RUNNING
         run.fx_total = getattr(prepared, "n_fx_nodes", 0)

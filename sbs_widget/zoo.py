@@ -205,14 +205,19 @@ def fused_for_ort(model):
     return onnx_ir.to_proto(ir_model)
 
 
-def export(name: str, *, optimize: bool = True, **kw):
-    """Build model ``name`` (``trained_like``) and export it: returns ``(ep, onnx_program, args, kwargs)``."""
+def export(name: str, *, optimize: bool = True, dtype: torch.dtype | None = None, **kw):
+    """Build model ``name`` (``trained_like``) and export it: returns ``(ep, onnx_program, args, kwargs)``.
+    ``dtype``: cast the model and its floating inputs first (``torch.float16``: a half-precision export)."""
     import contextlib
     import io
     import warnings
 
     model, args, kwargs = BUILDERS[name](**kw)
     trained_like(model, kw.get("seed", 0))
+    if dtype is not None:
+        model = model.to(dtype)
+        args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
+        kwargs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, args, kwargs=kwargs)

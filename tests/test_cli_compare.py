@@ -40,6 +40,7 @@ def test_compare_writes_every_format_and_summarizes(files):
     assert res.returncode == 0, res.stderr
     assert "coverage: 100.0%" in res.stdout
     assert f"first pair beyond tolerance: {culprit} / {culprit} (Gelu" in res.stdout
+    assert "tolerance: atol=0.0001, rtol=0.0001 (both: the default for a program computing in float32)" in res.stdout
     assert "comparing" in res.stderr  # the progress bar
     assert "decomposing the program as torch.onnx.export does" in res.stderr  # the one-time cost, and the way round
     res = _cli("compare", "--ep", folder / "decomposed.pt2", "--onnx", folder / "bad.onnx", "--inputs",
@@ -69,6 +70,7 @@ def test_compare_options(files):
     res = _cli("compare", "--ep", folder / "model.pt2", "--onnx", folder / "good.onnx", "--inputs",
                folder / "inputs.pt", "--quiet", "--runtime", "onnx.reference", "--atol", "1e-3")
     assert res.returncode == 0 and "no pair beyond tolerance" in res.stdout
+    assert "tolerance: atol=0.001, rtol=0.0001 (rtol: the default for a program computing in float32)" in res.stdout
 
 
 def test_compare_bad_input_is_a_clear_error(files):

@@ -238,6 +238,23 @@ def test_compare_dump_all_ok(llm_files):
     assert scope_outputs(onnx.load(model_path), "decoder")[-1][2] == by_name["decoder[0]"].onnx_name
 
 
+def test_compare_dump_default_tolerance_follows_the_dumps_precision(tmp_path):
+    """A float16 model: its module outputs differ from the export's by float16 rounding, beyond the
+    float32 default; with no tolerance given, the float16 default applies."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),
+                                torch.nn.LayerNorm(64)).half().eval()
+    x = torch.randn(16, 64).half()
+    with steal_forward([("model", model), ("model.0", model[0]), ("model.2", model[2])],
+                       dump_file=tmp_path / "dump.onnx"):
+        model(x)
+    torch.onnx.export(model, (x,), tmp_path / "m.onnx", dynamo=True, verbose=False)
+    records = list(compare_dump(tmp_path / "dump.onnx", tmp_path / "m.onnx"))
+    assert records and all(r.status == "ok" for r in records if r.err_abs is not None)
+    strict = list(compare_dump(tmp_path / "dump.onnx", tmp_path / "m.onnx", atol=1e-4, rtol=1e-4))
+    assert any(r.status == "mismatch" for r in strict)
+
+
 def corrupt_fc2_weight(model_path, out_path):
     """Scale the weight initializer the fc2 MatMul reads (the exporter stores it transposed, as val_*)."""
     m = onnx.load(model_path)

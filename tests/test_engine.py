@@ -369,6 +369,29 @@ def test_records_beyond_tolerance_say_where_the_difference_lies():
     assert culprit.kind == "weight" and "by 1 at [4] (1 of 6)" in culprit.reason
 
 
+def test_default_tolerance_follows_the_programs_precision():
+    """A float16 program differs from its export by rounding alone beyond the float32 default 1e-4:
+    with the default tolerance its correct export has no pair beyond tolerance and no culprit, while
+    a fault is still found; a tolerance given is used as is."""
+    from sbs_widget import zoo
+
+    model, args, _ = zoo.mlp()
+    model = zoo.trained_like(model).half()
+    args = tuple(a.half() for a in args)
+    ep, prog = export_module(model, args)
+    p = prepare(ep, prog.model_proto)
+    assert p.precision == torch.float16 and p.tolerance() == (3e-2, 3e-2)
+    assert p.tolerance(1e-3, None) == (1e-3, 3e-2)
+    assert prepare(exported("mlp", False)[1]).tolerance() == (1e-4, 1e-4)  # a float32 program
+    assert all(r.status != "mismatch" for r in sbs_widget.run_aligned(ep, prog.model_proto, args))
+    strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, atol=1e-4, rtol=1e-4))
+    assert any(r.status == "mismatch" for r in strict), "float16 rounding exceeds the float32 default"
+    assert sbs_widget.culprits(ep, prog.model_proto, args) == []
+    target = node_named(prog.model_proto, "Gemm", 0)
+    bad = faults.set_attribute(prog.model_proto, target.name, "alpha", 0.9)
+    assert sbs_widget.culprits(ep, bad, args)[0].onnx_node == target.name
+
+
 def test_tolerances_apply_without_verbosity():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs, atol=0.0, rtol=0.0))

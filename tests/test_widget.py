@@ -101,6 +101,20 @@ def test_runs_in_background_and_exports(llm, altered):
     assert meta["n_records"] == len(records) and meta["status"] == "done"
 
 
+def test_default_tolerance_is_the_programs_and_shows_on_the_widget():
+    """No tolerance given: the first run sets the default of the program's precision (float16 here),
+    the view shows it, and reruns keep it; a tolerance given is kept as is."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).half().eval()
+    x = (torch.randn(8, 16).half(),)
+    program = torch.onnx.export(model, x, dynamo=True, verbose=False, optimize=False)
+    w = SbsWidget(program.exported_program, program.model_proto, x).wait(60)
+    assert (w.atol, w.rtol) == (3e-2, 3e-2) and (w.runs[-1].atol, w.runs[-1].rtol) == (3e-2, 3e-2)
+    assert w.runs_meta[-1]["atol"] == 3e-2
+    assert w.rerun().wait(60).runs[-1].atol == 3e-2
+    given = SbsWidget(program.exported_program, program.model_proto, x, atol=1e-3).wait(60)
+    assert (given.atol, given.rtol) == (1e-3, 3e-2)
+
+
 def test_rows_protocol_serves_any_page(llm):
     program, inputs = llm
     w = SbsWidget(program, None, inputs).wait(60)  # an ONNXProgram holds both sides

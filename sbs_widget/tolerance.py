@@ -1,0 +1,76 @@
+"""The default tolerance of a comparison: it follows the precision the program computes in.
+
+A float16 program and its ONNX export differ by rounding alone far beyond 1e-4 (the float32 default),
+and more as the model grows: on the zoo's models cast to float16 (LLaMA, GPT-2, BERT, ViT, MLP, ConvNet,
+ResNet; optimize False and True) the largest |diff| of a correct export is 8.7e-3 and 1e-4 flags 3 to
+120 pairs per model; on an 8-layer LLaMA of hidden size 256 the largest is 1.8e-2 (4 pairs beyond 1e-2,
+none beyond 2e-2). Deeper and wider float16 models accumulate more: pass ``atol``/``rtol`` for them. A
+tolerance given is always used as is.
+
+>>> import torch
+>>> tolerance_for(torch.float32), tolerance_for(torch.float16), tolerance_for(torch.bfloat16)
+(0.0001, 0.03, 0.24)
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_ATOL = 1e-4  # float32 and float64 programs
+DEFAULT_RTOL = 1e-4
+FLOAT16_TOLERANCE = 3e-2  # 0 false alarms on the models above, 1.7x their largest |diff|
+# bfloat16 keeps 8x fewer mantissa bits than float16. onnxruntime's CPU provider has too few bfloat16
+# kernels to measure it here: float16's tolerance scaled by the ratio of their epsilons.
+BFLOAT16_TOLERANCE = FLOAT16_TOLERANCE * torch.finfo(torch.bfloat16).eps / torch.finfo(torch.float16).eps
+
+
+def tolerance_for(dtype: torch.dtype | None) -> float:
+    """atol = rtol for a program whose least precise floating type is ``dtype``."""
+    if dtype is None or not dtype.is_floating_point:
+        return DEFAULT_ATOL
+    eps = torch.finfo(dtype).eps
+    if eps <= torch.finfo(torch.float32).eps:
+        return DEFAULT_ATOL
+    return FLOAT16_TOLERANCE if eps <= torch.finfo(torch.float16).eps else BFLOAT16_TOLERANCE
+
+
+def least_precise_float(values) -> torch.dtype | None:
+    """The floating type with the largest epsilon among the tensors (or fake tensors: anything with a
+    torch ``dtype``) in ``values``, nested in lists, tuples and dicts."""
+    worst, worst_eps = None, 0.0
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        else:
+            dtype = getattr(v, "dtype", None)
+            if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype is not worst:
+                eps = torch.finfo(dtype).eps
+                if eps > worst_eps:
+                    worst, worst_eps = dtype, eps
+    return worst
+
+
+def program_precision(program: torch.export.ExportedProgram) -> torch.dtype | None:
+    """The least precise floating type among the program's values (weights, inputs and every
+    intermediate): an upcast at the end (``logits.float()``) does not undo a float16 body."""
+    return least_precise_float(node.meta.get("val") for node in program.graph.nodes)
+
+
+def describe(atol: float, rtol: float, dtype: torch.dtype | None, defaults: tuple[bool, bool]) -> str:
+    """One line for summaries: the tolerance, and why for the ones that are defaults.
+
+    >>> describe(1e-3, 3e-2, torch.float16, (False, True))
+    'tolerance: atol=0.001, rtol=0.03 (rtol: the default for a program computing in float16)'
+    """
+    text = f"tolerance: atol={atol:g}, rtol={rtol:g}"
+    which = [name for name, default in zip(("atol", "rtol"), defaults) if default]
+    if which:
+        what = "both" if len(which) == 2 else which[0]
+        program = f"a program computing in {str(dtype).removeprefix('torch.')}" if dtype is not None else \
+            "a program without floating values"
+        text += f" ({what}: the default for {program})"
+    return text
