@@ -89,6 +89,7 @@ class Alignment:
     aliases: dict[str, list[str]] = field(default_factory=dict)   # ONNX value -> more FX nodes equal to it
     alias_of: dict[str, str] = field(default_factory=dict)        # FX node -> ONNX value it equals
     absorbed: dict[str, str] = field(default_factory=dict)  # FX node -> op of the fused node that took its end
+    fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
 
 
 # Ops whose output equals their input when shape and dtype are unchanged: the ONNX optimizer removes
@@ -193,16 +194,19 @@ def _origin(node: torch.fx.Node, user_graph_id: int | None) -> str | None:
     return last if user_graph_id is None else (last or node.name)
 
 
-def _tensor_description(val: torch.Tensor, cache: dict) -> tuple[str, int, int]:
+def _tensor_description(val: torch.Tensor, cache: dict, dtypes: set) -> tuple[str, int, int]:
     """(shape text, elements, bytes) of an example tensor, worked out once per (dtype, shape): a
-    program has few distinct ones, and reading a fake tensor's sizes costs more than a lookup."""
+    program has few distinct ones, and reading a fake tensor's sizes costs more than a lookup. Its
+    dtype goes into ``dtypes``."""
     key = (val.dtype, val.shape)
     try:
         known = cache.get(key)
     except TypeError:  # symbolic dimensions do not hash
+        dtypes.add(val.dtype)
         elements = numel_hint(val)
         return fx_shape_type(val), elements, elements * val.element_size()
     if known is None:
+        dtypes.add(val.dtype)
         elements = numel_hint(val)
         known = cache[key] = (fx_shape_type(val), elements, elements * val.element_size())
     return known
@@ -223,9 +227,12 @@ def target_name(target) -> str:
     return name
 
 
-def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None) -> list[FxNodeInfo]:
+def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int | None,
+                      dtypes: set | None = None) -> list[FxNodeInfo]:
+    """What the engine keeps of each FX node; the dtypes of its tensor values go into ``dtypes``."""
     infos = []
     tensors: dict = {}  # (dtype, shape) -> (text, elements, bytes)
+    dtypes = set() if dtypes is None else dtypes
     for i, node in enumerate(program.graph.nodes):
         val = node.meta.get("val")
         call = node.op == "call_function"
@@ -234,7 +241,7 @@ def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int 
                           module=_module_path(node), stack_line=_stack_line(node),
                           origin=_origin(node, user_graph_id) if call else None)
         if isinstance(val, torch.Tensor):
-            info.shape_type, info.elements, info.nbytes = _tensor_description(val, tensors)
+            info.shape_type, info.elements, info.nbytes = _tensor_description(val, tensors, dtypes)
             info.is_tensor = True
         else:
             info.shape_type = fx_shape_type(val)
@@ -242,7 +249,7 @@ def describe_fx_nodes(program: torch.export.ExportedProgram, user_graph_id: int 
             if isinstance(val, (tuple, list)):  # multi-output nodes
                 for v in val:
                     if isinstance(v, torch.Tensor):
-                        _, elements, nbytes = _tensor_description(v, tensors)
+                        _, elements, nbytes = _tensor_description(v, tensors, dtypes)
                         info.elements += elements
                         info.nbytes += nbytes
         infos.append(info)
@@ -310,7 +317,9 @@ def _absorbed(index: OnnxIndex, value: str, fx_name: str) -> bool:
 def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
     graph = program.graph
     nodes = list(graph.nodes)
-    al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id))
+    dtypes: set = set()
+    al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id, dtypes))
+    al.fx_dtypes = frozenset(dtypes)
     shape_matches = _ShapeMatcher()
 
     # ONNX nodes grouped by the FX node they translate.

@@ -24,7 +24,7 @@ from .onnx_index import OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
 from .segments import Segment, describe_segment, plan_segments
-from .tolerance import program_precision, tolerance_for
+from .tolerance import least_precise, tolerance_for
 
 SEGMENT_NODES = 400  # most ONNX nodes per segment
 MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
@@ -285,9 +285,7 @@ class Prepared:
     @property
     def precision(self) -> torch.dtype | None:
         """The least precise floating type the program computes in (it sets the default tolerance)."""
-        if "_precision" not in self.__dict__:
-            self.__dict__["_precision"] = program_precision(self.decomposed_ep)
-        return self.__dict__["_precision"]
+        return least_precise(self.alignment.fx_dtypes)
 
     def tolerance(self, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
         """``(atol, rtol)``, each given one as is, each ``None`` the default for the program's

@@ -34,10 +34,18 @@ def tolerance_for(dtype: torch.dtype | None) -> float:
     return FLOAT16_TOLERANCE if eps <= torch.finfo(torch.float16).eps else BFLOAT16_TOLERANCE
 
 
+def least_precise(dtypes) -> torch.dtype | None:
+    """The floating type with the largest epsilon among ``dtypes``; None when there is none."""
+    floats = [d for d in set(dtypes) if isinstance(d, torch.dtype) and d.is_floating_point]
+    return max(floats, key=lambda d: torch.finfo(d).eps, default=None)
+
+
 def least_precise_float(values) -> torch.dtype | None:
-    """The floating type with the largest epsilon among the tensors (or fake tensors: anything with a
-    torch ``dtype``) in ``values``, nested in lists, tuples and dicts."""
-    worst, worst_eps = None, 0.0
+    """``least_precise`` of the dtypes of the tensors in ``values`` (nested in lists, tuples and dicts).
+    A program's precision is that of all its values (weights, inputs and every intermediate): an
+    upcast at the end (``logits.float()``) does not undo a float16 body; ``Alignment.fx_dtypes`` holds
+    them."""
+    dtypes = set()
     stack = list(values)
     while stack:
         v = stack.pop()
@@ -45,19 +53,9 @@ def least_precise_float(values) -> torch.dtype | None:
             stack.extend(v)
         elif isinstance(v, dict):
             stack.extend(v.values())
-        else:
-            dtype = getattr(v, "dtype", None)
-            if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype is not worst:
-                eps = torch.finfo(dtype).eps
-                if eps > worst_eps:
-                    worst, worst_eps = dtype, eps
-    return worst
-
-
-def program_precision(program: torch.export.ExportedProgram) -> torch.dtype | None:
-    """The least precise floating type among the program's values (weights, inputs and every
-    intermediate): an upcast at the end (``logits.float()``) does not undo a float16 body."""
-    return least_precise_float(node.meta.get("val") for node in program.graph.nodes)
+        elif isinstance(getattr(v, "dtype", None), torch.dtype):
+            dtypes.add(v.dtype)
+    return least_precise(dtypes)
 
 
 def describe(atol: float, rtol: float, dtype: torch.dtype | None, defaults: tuple[bool, bool]) -> str:
