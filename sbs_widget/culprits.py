@@ -28,7 +28,7 @@ import onnx
 
 from . import records as R
 from .records import Record
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from .tolerance import resolve
 
 DEFAULT_TOP = 10
 
@@ -254,8 +254,7 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
     ['n']
     """
     records = list(records)
-    atol, rtol = prepared.tolerance(atol, rtol) if prepared is not None else \
-        (DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol)
+    atol, rtol = prepared.tolerance(atol, rtol) if prepared is not None else resolve(atol, rtol, None)
     ctx = _Context(records, prepared)
     out: list[Culprit] = []
     first_seen = False

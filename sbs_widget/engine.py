@@ -34,9 +34,9 @@ from .errors import InputError, ModelMismatchError, SbsWidgetWarning
 from .loading import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
 from .onnx_index import OnnxIndex
 from .prepared import Prepared, Progress
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from .records import Record
 from .runtimes import Runtime
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
 

@@ -20,11 +20,11 @@ import torch
 from .dumps import ForwardStealer, flatten_tensors, load_dump
 from .errors import InputError, LoadError
 from .metrics import beyond_where, compute_errors, same_shape
-from .tolerance import least_precise_float, tolerance_for
 from .records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from .runtimes import exact_numpy, ort_array, ort_value
 from .segments import numpy_elem_type
 from .strings import string_type, torch_dtype
+from .tolerance import least_precise_float, resolve
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 
@@ -175,8 +175,7 @@ def compare_dump(dump, onx, *, atol: float | None = None, rtol: float | None = N
         raise InputError(f"the dump has no complete call {root}[{root_iteration}] (inputs and outputs)")
     window = keys[keys.index(start): keys.index(end) + 1]
     if atol is None or rtol is None:
-        default = tolerance_for(least_precise_float(dump[k] for k in window))
-        atol, rtol = (default if atol is None else atol), (default if rtol is None else rtol)
+        atol, rtol = resolve(atol, rtol, least_precise_float(dump[k] for k in window))
     scopes = dict(scopes or {})
     scopes.setdefault(root, "")
     shapes = _static_shapes(onx)

@@ -24,7 +24,7 @@ from .onnx_index import OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
 from .segments import Segment, describe_segment, plan_segments
-from .tolerance import least_precise, tolerance_for
+from .tolerance import least_precise, resolve
 
 SEGMENT_NODES = 400  # most ONNX nodes per segment
 MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
@@ -290,11 +290,7 @@ class Prepared:
     def tolerance(self, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
         """``(atol, rtol)``, each given one as is, each ``None`` the default for the program's
         precision (``tolerance.py``: 1e-4 for float32, 3e-2 for float16)."""
-        if atol is None or rtol is None:
-            default = tolerance_for(self.precision)
-            atol = default if atol is None else atol
-            rtol = default if rtol is None else rtol
-        return atol, rtol
+        return resolve(atol, rtol, self.precision)
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",

@@ -34,6 +34,12 @@ def tolerance_for(dtype: torch.dtype | None) -> float:
     return FLOAT16_TOLERANCE if eps <= torch.finfo(torch.float16).eps else BFLOAT16_TOLERANCE
 
 
+def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> tuple[float, float]:
+    """``(atol, rtol)``: each one given as is, each ``None`` the default for ``dtype``."""
+    default = tolerance_for(dtype)
+    return (default if atol is None else atol), (default if rtol is None else rtol)
+
+
 def least_precise(dtypes) -> torch.dtype | None:
     """The floating type with the largest epsilon among ``dtypes``; None when there is none."""
     floats = [d for d in set(dtypes) if isinstance(d, torch.dtype) and d.is_floating_point]

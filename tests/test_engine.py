@@ -375,10 +375,7 @@ def test_default_tolerance_follows_the_programs_precision():
     a fault is still found; a tolerance given is used as is."""
     from sbs_widget import zoo
 
-    model, args, _ = zoo.mlp()
-    model = zoo.trained_like(model).half()
-    args = tuple(a.half() for a in args)
-    ep, prog = export_module(model, args)
+    ep, prog, args, _ = zoo.export("mlp", optimize=False, dtype=torch.float16)
     p = prepare(ep, prog.model_proto)
     assert p.precision == torch.float16 and p.tolerance() == (3e-2, 3e-2)
     assert p.tolerance(1e-3, None) == (1e-3, 3e-2)
