@@ -20,6 +20,18 @@ def last_uses(graph: torch.fx.Graph) -> dict[str, int]:
     return last
 
 
+def live_nodes(graph: torch.fx.Graph) -> set[str]:
+    """Names of the nodes some output depends on."""
+    live: set[str] = set()
+    stack = [n for n in graph.nodes if n.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node.name not in live:
+            live.add(node.name)
+            stack.extend(node.all_input_nodes)
+    return live
+
+
 def flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list:
     """Values for the graph's placeholders, in order: parameters, buffers, constants, user inputs."""
     try:

@@ -5,6 +5,7 @@ segments, record fields, call plans, the ONNX weights)."""
 from __future__ import annotations
 
 import difflib
+import functools
 from concurrent.futures import Future
 from typing import Callable, Iterable, Iterator
 
@@ -16,7 +17,7 @@ from . import records as R
 from .align import Alignment, align
 from .background import background
 from .errors import InputError, ModelMismatchError
-from .fx_runner import check_inputs, flat_inputs, last_uses, program_outputs, small_nodes
+from .fx_runner import check_inputs, flat_inputs, last_uses, live_nodes, program_outputs, small_nodes
 from .local import LocalGroup, build_group
 from .lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
 from .loading import load_inputs
@@ -141,6 +142,11 @@ class Prepared:
         if key not in self._segments:
             self._segments[key] = describe_segment(self.index, start, end, self.wanted, self.last_reader)
         return self._segments[key]
+
+    @functools.cached_property
+    def fx_live(self) -> set[str]:
+        """FX nodes some output depends on (the others have no ONNX node: said in their records)."""
+        return live_nodes(self.decomposed_ep.graph)
 
     def weights(self) -> "_Weights":
         """The ONNX file's initializers as numpy arrays, shared by every segment."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import records as R
+from .fx_runner import live_nodes
 from .records import Record
 
 _COMPARED = (R.OK, R.MISMATCH, R.RESET)
@@ -62,13 +63,15 @@ class Summary:
 
 
 def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
-    """call_function nodes whose value is a tensor or a number (tuple-valued nodes are covered through
-    their getitem nodes)."""
+    """call_function nodes whose value is a tensor or a number and reaches an output (tuple-valued
+    nodes are covered through their getitem nodes). A dead node, one no output depends on (an
+    LSTM's unused final states), is left out: the exporter writes no ONNX node for it."""
     from .align import is_scalar
 
+    live = live_nodes(program.graph)
     out = []
     for n in program.graph.nodes:
-        if n.op != "call_function":
+        if n.op != "call_function" or n.name not in live:
             continue
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor) or is_scalar(val):
@@ -100,8 +103,7 @@ def summarize(records: list[Record], prepared=None) -> Summary:
 def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
     """Covered / coverable nodes of the user's program (the decomposed one when the user handed over
     the ONNXProgram). A user node is covered when the last decomposed node coming from it, the one that
-    holds its value, was compared. Dead nodes (no path to an output: dropped by the decomposition,
-    computed by neither side) are not counted."""
+    holds its value, was compared. Dead nodes (no path to an output) are not counted."""
     compared = {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_NODE, R.KIND_OUTPUT)}
     if prepared.user_ep is None:
         names = coverable_nodes(prepared.decomposed_ep)
@@ -128,15 +130,6 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
             return None
         return holder(node.args[0].name, depth + 1)
 
-    live: set[str] = set()
-    stack = [n for n in prepared.user_ep.graph.nodes if n.op == "output"]
-    while stack:
-        node = stack.pop()
-        if node.name not in live:
-            live.add(node.name)
-            stack.extend(node.all_input_nodes)
-    dead = {n for n in names if n not in live}
-    names = [n for n in names if n not in dead]
     hit = [n for n in names if holder(n) in compared]
     return len(hit), len(names), [n for n in names if holder(n) not in compared]
 

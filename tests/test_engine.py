@@ -79,6 +79,34 @@ def test_items_of_tuple_valued_nodes_pair_through_their_metadata():
     assert s.by_status.get("mismatch", 0) == 0
 
 
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+def test_recurrent_layers_with_unused_final_states(cell):
+    """An LSTM/GRU's final states, when nothing reads them, are dead values: the exporter writes no
+    ONNX node for them. Their records say so, and coverage (which counts only values some output
+    depends on) is full: it used to leave them out only when the program needed decomposing."""
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = cell(16, 32, num_layers=2, batch_first=True)
+            self.out = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            y, _ = self.rnn(x)
+            return self.out(y)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 10, 16)
+    ep, prog = export_module(Tagger().eval(), (x,))
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    s = summarize(records, p)
+    assert s.by_status.get("mismatch", 0) == 0 and s.by_status.get("error", 0) == 0
+    assert s.coverage == 1.0, s.uncovered
+    dead = [r for r in records if r.kind == "node" and r.status == "one-sided" and r.ep_name]
+    assert dead and all("no output depends on it" in r.comment for r in dead), [(r.ep_name, r.comment) for r in dead]
+    assert next(r for r in records if r.kind == "output").status == "ok"
+
+
 def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_its_input():
     """``type_as`` / ``to`` to the dtype a value already has stay in the program the exporter
     translates; the optimizer drops the Cast: the value is its input's, compared through that twin."""
