@@ -554,7 +554,7 @@ class LockstepRun:
 
     def _identical(self, rec: Record, value: torch.Tensor) -> Record:
         """``rec`` filled as measuring a value against its own bits (all finite) would fill it."""
-        e = value.numpy()
+        e = value.detach().numpy()  # (a view of a parameter may require grad)
         rec.ep_shape_type = rec.onnx_shape_type = _described(e)
         rec.err_abs = rec.err_rel = rec.err_dev = 0.0
         rec.err_nan = rec.err_h01 = rec.err_h001 = 0

@@ -382,7 +382,7 @@ class _Weights:
         """Whether initializer ``name`` holds exactly ``tensor``'s values, with no NaN or Inf: it is
         served from the memory ``tensor`` views, in ``tensor``'s layout (a transposed twin: the
         transposed view the program makes of it). The pair's errors are 0 without measuring."""
-        if name not in self._finite or type(tensor) is not torch.Tensor:
+        if name not in self._finite or type(tensor) not in _PLAIN_TENSORS:  # not a subclass with other storage
             return False
         t, transposed = self._views[name]
         if tensor.data_ptr() != t.data_ptr() or tensor.dtype != t.dtype:
@@ -405,6 +405,9 @@ class _Weights:
     def shared(self) -> int:
         """How many initializers are served from torch's memory."""
         return len(self._views)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # a program's weights are Parameters
 
 
 def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None) -> bool:

@@ -529,3 +529,27 @@ def test_a_weight_is_served_from_torch_memory_only_when_bit_identical(optimize):
     assert np.signbit(np.asarray(weights2[name]).flat[0])  # the file's bits, not torch's
     records = list(sbs_widget.run_aligned(ep, onx, (x,)))
     assert all(r.status in ("ok", "one-sided") for r in records)  # 0.0 and -0.0 are equal numbers
+
+
+def test_a_parameter_transposed_in_the_program_and_folded_by_the_optimizer():
+    """``x @ w.permute(1, 0)``: the optimizer stores the transposed weight as an initializer, served
+    from the parameter's memory; the permute's value is a view of a parameter that requires grad
+    (inference mode keeps that on views). Its record is filled without reading it through numpy
+    directly: that used to raise and end the run (found on Falcon)."""
+    class Projection(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 48))
+
+        def forward(self, x):
+            return x @ self.w.permute(1, 0)
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 48)
+    ep, prog = export_module(Projection(), (x,), optimize=True)
+    p = prepare(ep, prog.model_proto)
+    assert p.fx_folded == {"permute"} and p.weights().shared == 1
+    records = list(p.run((x,), {}))
+    folded = next(r for r in records if r.ep_name == "permute")
+    assert folded.status == "ok" and folded.err_abs == 0 and "constant-folded" in folded.comment
+    assert [r.status for r in records if r.kind == "output"] == ["ok"]
