@@ -427,6 +427,22 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 take(name, ends[0], "metadata")
             elif len(ends) > 1 and len(group) == 1 and k < len(last) and last[k] in ends:
                 take(name, last[k], "metadata")
+    def folded_elsewhere(value: str, node: torch.fx.Node) -> bool:
+        """Whether ``value`` is a constant-folded initializer computed from neither ``node`` nor its
+        inputs: its ``folded_from`` metadata names the values folded into it (a weight by its ONNX
+        name)."""
+        if value not in index.initializers:
+            return False
+        sources = index.folded_from(value)
+        if not sources:
+            return False
+        names = {node.name}
+        for x in node.all_input_nodes:
+            names.add(x.name)
+            if x.name in al.pairs:
+                names.add(al.pairs[x.name].onnx_value)
+        return names.isdisjoint(sources)
+
     # 3./4. values whose producer vanished: look at what their consumers read.
     for node, info in zip(nodes, al.fx_nodes):
         if node.op != "call_function" or node.name in al.pairs:
@@ -447,6 +463,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                         continue  # internal to the consumer's own translation
                     if x in by_name and x != node.name:
                         continue  # named after another FX node: that node's value, not this one's
+                    if folded_elsewhere(x, node):
+                        continue  # a constant folded from other values (a mask of the same shape)
                     if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]

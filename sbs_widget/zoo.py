@@ -98,6 +98,11 @@ def gpt_neox(seq: int = 16, batch: int = 2, seed: int = 0):
     return _causal_lm("GPTNeoXConfig", "GPTNeoXForCausalLM", seq, batch, seed, **_SMALL_DECODER)
 
 
+def falcon(seq: int = 16, batch: int = 2, seed: int = 0):  # multi-query: one key head, shaped like the mask
+    return _causal_lm("FalconConfig", "FalconForCausalLM", seq, batch, seed, hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4)
+
+
 def distilbert(seq: int = 16, batch: int = 2, seed: int = 0):
     from transformers import DistilBertConfig, DistilBertModel
 
@@ -131,6 +136,25 @@ class MLP(torch.nn.Module):
 def mlp(seed: int = 0, batch: int = 4):
     _seed(seed)
     return MLP().eval(), (torch.randn(batch, 32),), {}
+
+
+class Tagger(torch.nn.Module):
+    """A two-layer recurrent network (LSTM, or ``cell``) and a linear head; its final states are left
+    unused."""
+
+    def __init__(self, cell: type = torch.nn.LSTM):
+        super().__init__()
+        self.rnn = cell(16, 32, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        y, _ = self.rnn(x)
+        return self.head(y)
+
+
+def lstm(seed: int = 0, batch: int = 2, seq: int = 10):
+    _seed(seed)
+    return Tagger().eval(), (torch.randn(batch, seq, 16),), {}
 
 
 class ConvNet(torch.nn.Module):
@@ -170,7 +194,7 @@ BUILDERS = {
     "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet,
     # more families, for benchmarks/alignment_quality.py --models ...
     "gemma": gemma, "mistral": mistral, "phi3": phi3, "gpt_neox": gpt_neox, "distilbert": distilbert,
-    "mobilevit": mobilevit,
+    "mobilevit": mobilevit, "falcon": falcon, "lstm": lstm,
 }
 
 
