@@ -44,7 +44,9 @@ def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | N
     start = index.producer.get(value)
     if start is None:
         return None
+    own = index.node_fx[start]  # the FX node the value translates
     nodes: set[int] = set()
+    foreign = 0  # nodes translating other FX nodes (or none)
     anchors: list[str] = []
     constants: list[str] = []
     stack = [start]
@@ -56,8 +58,12 @@ def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | N
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             return None  # renaming values would break the subgraph's outer-scope references
         nodes.add(i)
-        if len(nodes) > MAX_GROUP_NODES:
-            return None
+        # One FX node's own translation may be long (an LSTM slices its weights per gate: ~130
+        # nodes); beyond MAX_GROUP_NODES others, the value is too far from any twin.
+        if own is None or index.node_fx[i] != own:
+            foreign += 1
+            if foreign > MAX_GROUP_NODES:
+                return None
         for x in index.node_inputs[i]:
             if x in index.initializers:
                 if x not in constants:
