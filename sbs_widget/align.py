@@ -427,6 +427,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 take(name, ends[0], "metadata")
             elif len(ends) > 1 and len(group) == 1 and k < len(last) and last[k] in ends:
                 take(name, last[k], "metadata")
+
     def folded_elsewhere(value: str, node: torch.fx.Node) -> bool:
         """Whether ``value`` is a constant-folded initializer computed from neither ``node`` nor its
         inputs: its ``folded_from`` metadata names the values folded into it (a weight by its ONNX
