@@ -289,6 +289,21 @@ def _upstream_of(node: torch.fx.Node, later: torch.fx.Node | None) -> bool:
     return False
 
 
+def _taken_in(source: torch.fx.Node, node: torch.fx.Node, paired) -> bool:
+    """Whether ``node`` is computed from ``source`` through FX nodes without an ONNX twin (within
+    ``FUSED_REACH``): the steps a translation of ``source`` may have taken in (a getitem of an LSTM,
+    the reshapes after a fused MatMul), so that a value it hands out may be ``node``'s."""
+    seen, todo = {node}, [node]
+    while todo and len(seen) <= FUSED_REACH:
+        for x in todo.pop().all_input_nodes:
+            if x is source:
+                return True
+            if x not in seen and x.name not in paired:
+                seen.add(x)
+                todo.append(x)
+    return False
+
+
 def _read_for_another_node(index: OnnxIndex, name: str, placeholder: torch.fx.Node | None) -> str | None:
     """When every ONNX node reading initializer ``name`` translates an FX node other than those
     reading the weight in the program, the initializer was rewritten under the same name (BatchNorm
@@ -462,6 +477,9 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                     producer = produced.get(x)
                     if producer is not None and index.node_fx[producer] == user.name:
                         continue  # internal to the consumer's own translation
+                    source = by_name.get(index.node_fx[producer]) if producer is not None else None
+                    if source is not None and source is not node and not _taken_in(source, node, al.pairs):
+                        continue  # computed for another FX node's translation (a mask layers share)
                     if x in by_name and x != node.name:
                         continue  # named after another FX node: that node's value, not this one's
                     if folded_elsewhere(x, node):
