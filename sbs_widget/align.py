@@ -276,23 +276,14 @@ FUSED_REACH = 64  # FX nodes searched upstream of a fused node's last one: a fus
 
 def _upstream_of(node: torch.fx.Node, later: torch.fx.Node | None) -> bool:
     """Whether ``node`` feeds ``later`` within ``FUSED_REACH`` FX nodes."""
-    if later is None:
-        return False
-    seen, todo = {later}, [later]
-    while todo and len(seen) <= FUSED_REACH:
-        for x in todo.pop().all_input_nodes:
-            if x is node:
-                return True
-            if x not in seen:
-                seen.add(x)
-                todo.append(x)
-    return False
+    return later is not None and _taken_in(node, later, ())
 
 
 def _taken_in(source: torch.fx.Node, node: torch.fx.Node, paired) -> bool:
-    """Whether ``node`` is computed from ``source`` through FX nodes without an ONNX twin (within
-    ``FUSED_REACH``): the steps a translation of ``source`` may have taken in (a getitem of an LSTM,
-    the reshapes after a fused MatMul), so that a value it hands out may be ``node``'s."""
+    """Whether ``node`` is computed from ``source`` through FX nodes not in ``paired`` (those without
+    an ONNX twin), within ``FUSED_REACH``: the steps a translation of ``source`` may have taken in (a
+    getitem of an LSTM, the reshapes after a fused MatMul), so that a value it hands out may be
+    ``node``'s."""
     seen, todo = {node}, [node]
     while todo and len(seen) <= FUSED_REACH:
         for x in todo.pop().all_input_nodes:
