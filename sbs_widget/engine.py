@@ -30,6 +30,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .align import target_name
+from .background import start_threads
 from .errors import InputError, ModelMismatchError, SbsWidgetWarning
 from .loading import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
 from .onnx_index import OnnxIndex
@@ -49,32 +50,29 @@ NO_METADATA = (
     "only inputs, weights, outputs and values of the same name and type pair up; export it with "
     "torch.onnx.export(ep, ..., dynamo=True) to compare node by node")
 
-AGREEMENT_SAMPLE = 128  # FX nodes checked in full (input names): enough to tell two programs apart
+AGREEMENT_SAMPLE = 128  # FX nodes checked in full (target, input names): enough to tell two programs apart
 
 
 def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex) -> tuple[int, int]:
     """How many FX nodes named by the ONNX metadata (``pkg.torch.onnx.fx_node`` holds the node as
-    ``format_node()`` prints it) exist in ``program`` so: same name and target, and, for an evenly
-    spread sample of them, the same input nodes. (A program decomposed differently has other names,
-    targets or inputs all over the graph: checking every node's name and target, and a sample's
-    inputs, tells the same as comparing the whole printed text, for a fraction of the cost.)"""
+    ``format_node()`` prints it) exist in ``program`` so: same name, and, for an evenly spread sample
+    of them, the same target and input nodes. (A program decomposed differently has other names all
+    over the graph, and other targets or inputs where names coincide: checking every name, and a
+    sample's targets and inputs, tells the same as comparing the whole printed text, for a fraction
+    of the cost.)"""
     nodes = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
     named = {}
     for i, fx in enumerate(index.node_fx):
         if fx:
             named[fx] = i
-    items = list(named.items())
-    step = max(1, len(items) // AGREEMENT_SAMPLE)
-    ok = 0
-    for k, (fx, i) in enumerate(items):
-        node = nodes.get(fx)
-        if node is None or target_name(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops."):
-            continue
-        if k % step == 0:
-            printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
-            if list(dict.fromkeys(printed)) != [n.name for n in node.all_input_nodes]:
-                continue
-        ok += 1
+    items = [(fx, i) for fx, i in named.items() if fx in nodes]
+    ok = len(items)
+    for fx, i in items[::max(1, len(items) // AGREEMENT_SAMPLE)]:
+        node = nodes[fx]
+        printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
+        if target_name(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops.") or \
+                list(dict.fromkeys(printed)) != [n.name for n in node.all_input_nodes]:
+            ok -= 1
     return ok, len(named)
 
 
@@ -98,6 +96,7 @@ def prepare(ep, onx=None) -> Prepared:
     if hit is not None:
         _PREPARED.move_to_end(key)
         return hit[1]
+    start_threads()  # the runs to come need them
     if is_onnx_program(ep):
         model = load_onnx_model(onx) if onx is not None else ep.model_proto
         prepared = Prepared(ep.exported_program, model, None)

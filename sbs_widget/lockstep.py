@@ -230,7 +230,7 @@ class LockstepRun:
         elif fx_name in p.alignment.fx_group:
             ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
             rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
-        elif fx_name not in p.fx_live:
+        elif fx_name in p.fx_dead:
             rec.comment = "no ONNX value: no output depends on it (the exporter writes no node for it)"
         else:
             rec.comment = "no ONNX value: removed or fused by the ONNX optimizer"

@@ -17,7 +17,7 @@ from . import records as R
 from .align import Alignment, align
 from .background import background
 from .errors import InputError, ModelMismatchError
-from .fx_runner import check_inputs, flat_inputs, last_uses, live_nodes, program_outputs, small_nodes
+from .fx_runner import check_inputs, flat_inputs, dead_nodes, last_uses, program_outputs, small_nodes
 from .local import LocalGroup, build_group
 from .lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
 from .loading import load_inputs
@@ -144,9 +144,9 @@ class Prepared:
         return self._segments[key]
 
     @functools.cached_property
-    def fx_live(self) -> set[str]:
-        """FX nodes some output depends on (the others have no ONNX node: said in their records)."""
-        return live_nodes(self.decomposed_ep.graph)
+    def fx_dead(self) -> set[str]:
+        """FX nodes no output depends on (they have no ONNX node: said in their records)."""
+        return dead_nodes(self.decomposed_ep.graph)
 
     def weights(self) -> "_Weights":
         """The ONNX file's initializers as numpy arrays, shared by every segment."""
@@ -183,11 +183,16 @@ class Prepared:
 
     def compile_ahead(self, runtime: Runtime, pieces: list[tuple[tuple, Callable[[], onnx.ModelProto]]]) -> None:
         """Compile pieces not compiled yet in a background thread, in order: onnxruntime builds a
-        session without holding the GIL, so the coming segments compile while the FX side runs."""
+        session without holding the GIL, so the coming segments compile while the FX side runs.
+        The pieces are built here, first: building them holds the GIL (protobuf), and a thread
+        holding it makes the other wait for whole switch intervals (5 ms) at each hand-over."""
+        todo = []
         for key, build in pieces:
             full = (runtime.name, id(runtime)) + key
             if full not in self._compiled:
-                self._compiled[full] = (runtime, background("sbs-compile").submit(lambda b=build: runtime.compile(b())))
+                todo.append((full, build()))
+        for full, model in todo:
+            self._compiled[full] = (runtime, background("sbs-compile").submit(runtime.compile, model))
 
     def segment_records(self, start: int, end: int) -> list[tuple]:
         """What the records of segment ``[start, end)`` are, worked out once: per ONNX value in node
@@ -212,9 +217,10 @@ class Prepared:
                         plan.append((o, None, self.record_fields(None, o, R.KIND_NODE, ""), ()))
                     continue
                 pair = pairs[fx_name]
-                more = tuple((a, self.record_fields(a, o, R.KIND_NODE, "", _ALIAS_COMMENT))
-                             for a in aliases.get(o, ()))
-                plan.append((o, fx_name, self.record_fields(fx_name, o, pair.kind, pair.how), more))
+                more = aliases.get(o)
+                if more:
+                    more = tuple((a, self.record_fields(a, o, R.KIND_NODE, "", _ALIAS_COMMENT)) for a in more)
+                plan.append((o, fx_name, self.record_fields(fx_name, o, pair.kind, pair.how), more or ()))
         self._segment_records[key] = plan
         return plan
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import records as R
-from .fx_runner import live_nodes
+from .fx_runner import dead_nodes
 from .records import Record
 
 _COMPARED = (R.OK, R.MISMATCH, R.RESET)
@@ -68,10 +68,10 @@ def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
     LSTM's unused final states), is left out: the exporter writes no ONNX node for it."""
     from .align import is_scalar
 
-    live = live_nodes(program.graph)
+    dead = dead_nodes(program.graph)
     out = []
     for n in program.graph.nodes:
-        if n.op != "call_function" or n.name not in live:
+        if n.op != "call_function" or n.name in dead:
             continue
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor) or is_scalar(val):
