@@ -59,7 +59,7 @@ class FxNodeInfo:
     nbytes: int = 0
 
 
-@dataclass
+@dataclass(slots=True)  # one per paired FX node
 class Pair:
     fx_name: str
     onnx_value: str
@@ -67,7 +67,7 @@ class Pair:
     kind: str = "node"
 
 
-@dataclass
+@dataclass(slots=True)  # one per weight
 class WeightPair:
     placeholder: str        # FX placeholder name (p_*, b_*, c_*)
     key: str                # state-dict key / constant name

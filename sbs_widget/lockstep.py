@@ -123,14 +123,13 @@ class LockstepRun:
                 arrays.append(pair)
         errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram,
                                      scratch=self.scratch)
-        for rec, err, (e, g) in zip(ready, errors, arrays):
-            rec.err_abs, rec.err_rel, rec.err_dev = err.err_abs, err.err_rel, err.err_dev
-            rec.err_nan, rec.err_h01, rec.err_h001 = err.err_nan, err.err_h01, err.err_h001
-            rec.n_elements, rec.within_tolerance, rec.histogram = err.n_elements, err.within_tolerance, err.histogram
-            if err.within_tolerance:
-                rec.status = R.OK
-            else:  # rare: one more pass over this pair only
-                rec.status = R.MISMATCH
+        for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram) in zip(ready, errors):
+            rec.err_abs, rec.err_rel, rec.err_dev = err_abs, err_rel, err_dev
+            rec.err_nan, rec.err_h01, rec.err_h001 = err_nan, h01, h001
+            rec.n_elements, rec.within_tolerance, rec.histogram = n, within, histogram
+            rec.status = R.OK if within else R.MISMATCH
+        for rec, (e, g) in zip(ready, arrays):
+            if rec.status == R.MISMATCH:  # rare: one more pass over this pair only
                 rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
 
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -13,8 +13,7 @@ from .records import HISTOGRAM_EDGES
 BATCH_ELEMENTS = 1 << 16  # elements per vectorized pass: its temporaries stay in cache (and small)
 
 
-@dataclass(slots=True)  # one per compared pair
-class Errors:
+class Errors(NamedTuple):  # one per compared pair: a tuple, built and unpacked fast
     err_abs: float
     err_rel: float
     err_dev: float
@@ -24,6 +23,9 @@ class Errors:
     n_elements: int
     within_tolerance: bool
     histogram: tuple[int, ...] | None = None
+
+
+_new_errors = tuple.__new__  # (Errors, fields): skips NamedTuple's Python-level __new__
 
 
 def as_numpy(value) -> np.ndarray:
@@ -300,9 +302,10 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
             a, b = arrays[j]
             out[i] = compute_errors(a, b, atol=atol, rtol=rtol, histogram=histogram)
         elif t == 0.0:
-            out[i] = Errors(0.0, 0.0, 0.0, 0, 0, 0, size, True, tuple(hist[j]) if histogram else None)
+            out[i] = _new_errors(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, tuple(hist[j]) if histogram else None))
         else:
-            out[i] = Errors(t, r, d, 0, c01, c001, size, t <= atol or v == 0, tuple(hist[j]) if histogram else None)
+            out[i] = _new_errors(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0,
+                                          tuple(hist[j]) if histogram else None))
 
 
 def _count_per_pair(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:

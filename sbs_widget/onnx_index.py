@@ -16,7 +16,7 @@ from onnx import numpy_helper
 
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
 _FX_TARGET_RE = re.compile(r"call_function\[target=([^\]]+)\]")
-_FX_CALL_RE = re.compile(r"%(\S+) : .*?call_function\[target=([^\]]+)\]")
+_CALL_TARGET = "call_function[target="
 _QUOTED = re.compile(r"'([^']*)'")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
@@ -181,10 +181,14 @@ class OnnxIndex:
             # most of an index's memory otherwise): ``node_meta`` reads any key from the model.
             fx, scopes = _fx_and_scopes(node.metadata_props)
             idx.node_scopes.append(scopes)
-            m = _FX_CALL_RE.match(fx) if fx else None
-            if m is not None:  # the usual case, one regex pass
-                idx.node_fx.append(m.group(1))
-                idx.node_fx_target.append(m.group(2))
+            # '%name : [num_users=1] = call_function[target=aten.mm.default](args = ...)', read with
+            # string searches (faster than a regular expression, for the usual case)
+            colon = fx.find(" : ") if fx and fx[0] == "%" else -1
+            call = fx.find(_CALL_TARGET, colon) if colon > 1 and " " not in fx[1:colon] else -1
+            end = fx.find("]", call + len(_CALL_TARGET)) if call >= 0 else -1
+            if end > call + len(_CALL_TARGET):
+                idx.node_fx.append(fx[1:colon])
+                idx.node_fx_target.append(fx[call + len(_CALL_TARGET):end])
             else:
                 fx = fx or ""
                 m = _FX_NODE_RE.match(fx)
