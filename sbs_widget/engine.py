@@ -9,7 +9,7 @@ Design (see the field notes):
 - the ONNX side always runs with the ONNX file's own weights.
 
 Modules: ``prepared`` holds what is worked out once per pair (alignment, sizes, caches), ``lockstep``
-one run over it, ``background`` the threads that compile and run segments; this module the entry
+one run over it, ``background`` the thread that compiles the coming segments; this module the entry
 points (``prepare``, ``run_aligned``) and the check that tells which program the ONNX model comes from.
 
 >>> import torch, sbs_widget

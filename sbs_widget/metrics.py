@@ -223,48 +223,56 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
     """
     scratch = scratch if scratch is not None else Scratch()
     out: list[Errors | None] = [None] * len(pairs)
-    batches: dict[type, tuple[list, list]] = {}  # calc dtype -> (indices, arrays)
-    sizes: dict[type, int] = {}
+    batches: dict[type, tuple[list, list, list, list]] = {}  # calc dtype -> (indices, torch, onnx, sizes)
+    totals: dict[type, int] = {}
+    f32, most = _FLOAT32, BATCH_ELEMENTS
     for i, (expected, got) in enumerate(pairs):
         e = expected if type(expected) is np.ndarray else as_numpy(expected)
         g = got if type(got) is np.ndarray else as_numpy(got)
         size = e.size
-        ek, gk = e.dtype.kind, g.dtype.kind
-        # Big pairs gain nothing from batching (and np.dot sums their squares more accurately).
-        # (and 64-bit integers: exact differences beyond float64's 2**53 need the one-pair path)
-        if size == 0 or size >= BATCH_ELEMENTS or size != g.size or ek == "c" or gk == "c" or \
-                (ek in "iu" and e.itemsize == 8):
-            out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
-            continue
-        calc = _calc_dtype(e, g) if (ek == "f" and e.itemsize == 4 and gk == "f" and g.itemsize == 4) is False \
-            else np.float32
+        if e.dtype is f32 and g.dtype is f32 and 0 < size < most and size == g.size:
+            calc = np.float32  # the common case, told first
+        else:
+            ek, gk = e.dtype.kind, g.dtype.kind
+            # Big pairs gain nothing from batching (and np.dot sums their squares more accurately).
+            # (and 64-bit integers: exact differences beyond float64's 2**53 need the one-pair path)
+            if size == 0 or size >= most or size != g.size or ek == "c" or gk == "c" or \
+                    (ek in "iu" and e.itemsize == 8):
+                out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
+                continue
+            calc = _calc_dtype(e, g)
         batch = batches.get(calc)
-        total = sizes.get(calc, 0)
+        total = totals.get(calc, 0)
         if batch is None:
-            batch = batches[calc] = ([], [])
-        elif total + size > BATCH_ELEMENTS:  # full: a batch never outgrows the scratch buffers
-            _reduce_batch(out, batch[0], batch[1], calc, atol, rtol, histogram, scratch, total)
-            batch = batches[calc] = ([], [])
+            batch = batches[calc] = ([], [], [], [])
+        elif total + size > most:  # full: a batch never outgrows the scratch buffers
+            _reduce_batch(out, *batch, calc, atol, rtol, histogram, scratch, total)
+            batch = batches[calc] = ([], [], [], [])
             total = 0
         batch[0].append(i)
-        batch[1].append((e, g))
-        sizes[calc] = total + size
-    for calc, (idx, arrays) in batches.items():
-        _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch, sizes[calc])
+        batch[1].append(e)
+        batch[2].append(g)
+        batch[3].append(size)
+        totals[calc] = total + size
+    for calc, batch in batches.items():
+        _reduce_batch(out, *batch, calc, atol, rtol, histogram, scratch, totals[calc])
     return out  # type: ignore[return-value]
 
 
-def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratch, total: int) -> None:
-    k = len(arrays)
-    n = np.fromiter((e.size for e, _ in arrays), dtype=np.int64, count=k)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _reduce_batch(out, idx, es, gs, sizes, calc, atol, rtol, histogram, scratch: Scratch, total: int) -> None:
+    k = len(es)
+    n = np.array(sizes, dtype=np.int64)
     starts = np.zeros(k, dtype=np.int64)
     np.cumsum(n[:-1], out=starts[1:])
     ae, diff = scratch.get("ae", total, calc), scratch.get("diff", total, calc)
     mask = scratch.get("mask", total, np.bool_)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # Two concatenations (flattened, cast on the way) instead of a few numpy calls per pair.
-        np.concatenate([e for e, _ in arrays], axis=None, out=ae, casting="unsafe")
-        np.concatenate([g for _, g in arrays], axis=None, out=diff, casting="unsafe")
+        np.concatenate(es, axis=None, out=ae, casting="unsafe")
+        np.concatenate(gs, axis=None, out=diff, casting="unsafe")
         np.subtract(ae, diff, out=diff)
         np.abs(ae, out=ae)
         np.abs(diff, out=diff)
@@ -277,16 +285,16 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
             tmp = scratch.get("tmp", total, calc)
             np.multiply(ae, rtol, out=tmp)
             np.add(tmp, atol, out=tmp)
-            viol = _count_per_pair(np.greater(diff, tmp, out=mask), starts)
+            viol = _count_per_pair(np.greater(diff, tmp, out=mask), starts).tolist()
         else:
-            viol = np.zeros(k, np.int32)
+            viol = _ZEROS[:k] if k <= len(_ZEROS) else [0] * k
         eps = calc(1e-6)
         ae[np.less(ae, eps, out=mask)] = eps  # max(|torch|, 1e-6): a masked write is 3x faster than np.maximum
         rel = np.maximum.reduceat(np.divide(diff, ae, out=ae), starts)
         dev = np.sqrt(np.add.reduceat(np.square(diff, out=ae), starts) / n)  # |torch| no longer read
-        zero = np.zeros(k, np.int32)
-        h01 = _count_per_pair(np.greater(diff, 0.1, out=mask), starts) if highest > 0.1 else zero
-        h001 = _count_per_pair(np.greater(diff, 0.01, out=mask), starts) if highest > 0.01 else zero
+        zero = viol if highest <= atol else [0] * k
+        h01 = _count_per_pair(np.greater(diff, 0.1, out=mask), starts).tolist() if highest > 0.1 else zero
+        h001 = _count_per_pair(np.greater(diff, 0.01, out=mask), starts).tolist() if highest > 0.01 else zero
         if histogram:  # counts at or above each edge, then per bucket
             above = np.zeros((k, len(HISTOGRAM_EDGES) + 1), np.int64)
             above[:, 0] = n
@@ -294,18 +302,22 @@ def _reduce_batch(out, idx, arrays, calc, atol, rtol, histogram, scratch: Scratc
                 if edge > highest:
                     break
                 above[:, b] = _count_per_pair(np.greater_equal(diff, edge, out=mask), starts)
-            hist = (above[:, :-1] - above[:, 1:]).tolist()
-    rows = zip(idx, top.tolist(), finite.tolist(), rel.tolist(), dev.tolist(), h01.tolist(), h001.tolist(),
-               viol.tolist(), n.tolist(), range(k))
-    for i, t, ok, r, d, c01, c001, v, size, j in rows:
-        if not ok:
-            a, b = arrays[j]
-            out[i] = compute_errors(a, b, atol=atol, rtol=rtol, histogram=histogram)
-        elif t == 0.0:
-            out[i] = _new_errors(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, tuple(hist[j]) if histogram else None))
+            hist = list(map(tuple, (above[:, :-1] - above[:, 1:]).tolist()))
         else:
-            out[i] = _new_errors(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0,
-                                          tuple(hist[j]) if histogram else None))
+            hist = _NONES[:k] if k <= len(_NONES) else [None] * k
+    new = _new_errors
+    for i, t, ok, r, d, c01, c001, v, size, hst, e, g in zip(idx, top.tolist(), finite.tolist(), rel.tolist(),
+                                                            dev.tolist(), h01, h001, viol, sizes, hist, es, gs):
+        if not ok:
+            out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
+        elif t == 0.0:
+            out[i] = new(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, hst))
+        else:
+            out[i] = new(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0, hst))
+
+
+_ZEROS = [0] * 4096   # read-only stand-ins for the columns a batch skips (sliced, never written)
+_NONES = [None] * 4096
 
 
 def _count_per_pair(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ class OnnxruntimeRuntime:
     # (parsing the model holds it: about a third)
     accepts_serialized = True
 
-    def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 0):
+    def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 1):
         import onnxruntime
 
         self._ort = onnxruntime
@@ -66,9 +66,9 @@ class OnnxruntimeRuntime:
         opts.enable_cpu_mem_arena = False
         # Memory patterns pre-plan one block for every value of a run and keep it with the session.
         opts.enable_mem_pattern = False
-        # The FX side runs while a segment runs: leave it a core, and no spinning threads after a run.
+        # No spinning threads after a run: the FX side runs next, and the coming sessions compile.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.intra_op_num_threads = self.intra_op_num_threads or max(1, _cores() - 1)
+        opts.intra_op_num_threads = self.intra_op_num_threads or _cores()
         data = model if isinstance(model, bytes) else model.SerializeToString()
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
         if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
@@ -156,10 +156,11 @@ RUNTIMES = {
 _SHARED: dict = {}
 
 
-def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False) -> Runtime:
+def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False, threads: int = 1) -> Runtime:
     """A runtime by name (``onnxruntime``, ``onnx.reference``) or a ``Runtime`` object as is.
 
-    With ``cuda=True`` onnxruntime uses its CUDA provider when the installed build has it.
+    With ``cuda=True`` onnxruntime uses its CUDA provider when the installed build has it;
+    ``threads``: onnxruntime's threads per session (0: one per core).
     """
     if isinstance(runtime, str):
         try:
@@ -167,10 +168,11 @@ def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False) -
         except KeyError:
             raise InputError(f"unknown runtime {runtime!r}; choose one of {sorted(set(RUNTIMES))} "
                              "or pass an object with .name and .compile(model)") from None
-        key = (cls, cuda and cls is OnnxruntimeRuntime)
+        ort = cls is OnnxruntimeRuntime
+        key = (cls, cuda and ort, threads if ort else None)
         if key not in _SHARED:  # one instance per kind: compiled sessions are cached per instance
-            _SHARED[key] = OnnxruntimeRuntime(["CUDAExecutionProvider", "CPUExecutionProvider"]) \
-                if key[1] else cls()
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if key[1] else None
+            _SHARED[key] = OnnxruntimeRuntime(providers, threads) if ort else cls()
         return _SHARED[key]
     if isinstance(runtime, Runtime):
         return runtime
