@@ -79,21 +79,31 @@ def _name_list(text: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple, set)) else []
 
 
-def _fx_and_scopes(props) -> tuple[str | None, str | None]:
-    """The ``fx_node`` and ``name_scopes`` metadata of a node. The exporter writes them third and
-    fourth: looked up there first (reading every key of every node costs twice as much)."""
-    if len(props) > 3:
-        fx, scopes = props[2], props[3]
-        if fx.key == _FX_NODE_KEY and scopes.key == _SCOPES_KEY:
-            return fx.value, scopes.value
-    fx = scopes = None
+def _fx_text(props) -> str | None:
+    """The ``fx_node`` metadata of a node. The exporter writes it third: looked up there first
+    (reading every key of every node costs twice as much)."""
+    if len(props) > 2:
+        fx = props[2]
+        if fx.key == _FX_NODE_KEY:
+            return fx.value
     for prop in props:
-        key = prop.key
-        if key == _FX_NODE_KEY:
-            fx = prop.value
-        elif key == _SCOPES_KEY:
-            scopes = prop.value
-    return fx, scopes
+        if prop.key == _FX_NODE_KEY:
+            return prop.value
+    return None
+
+
+def _after_name(data: bytes) -> int:
+    """Where a serialized ValueInfoProto's fields after its name start (0 when it has no name)."""
+    if not data or data[0] != 0x0A:  # field 1 (name), length-delimited
+        return 0
+    length, pos, shift = 0, 1, 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return pos + length
+        shift += 7
 
 
 # Standard ops with graph attributes: only those (and custom-domain ops, which may have them) have their
@@ -127,7 +137,6 @@ class OnnxIndex:
     op_types: list = field(default_factory=list)      # node index -> op_type
     types: dict = field(default_factory=dict)        # value -> ValueType
     value_meta: dict = field(default_factory=dict)   # value -> {key: value}
-    node_scopes: list = field(default_factory=list)  # node index -> pkg.torch.onnx.name_scopes or None
     node_fx: list = field(default_factory=list)      # node index -> FX node name (decomposed program) or None
     node_fx_target: list = field(default_factory=list)
     initializers: dict = field(default_factory=dict)  # name -> TensorProto
@@ -144,62 +153,76 @@ class OnnxIndex:
         init_names = set(idx.initializers)
         idx.inputs = [i.name for i in g.input if i.name not in init_names]
         idx.outputs = [o.name for o in g.output]
-        parsed: dict[bytes, ValueType] = {}  # serialized TypeProto -> its ValueType
+        parsed: dict[bytes, ValueType] = {}  # a ValueInfoProto serialized without its name -> its type
+        types = idx.types
         for vi in list(g.input) + list(g.output) + list(g.value_info):
-            # Serializing a type is cheaper than reading its fields, and a model has few distinct ones.
-            key = vi.type.SerializeToString()
+            # Serializing a value's info is cheaper than reading its fields, and a model has few
+            # distinct types: the bytes after the name (field 1, written first) are the type's,
+            # then metadata if any.
+            data = vi.SerializeToString()
+            start = _after_name(data)
+            key = data[start:]
             vt = parsed.get(key)
             if vt is None:
                 vt = parsed[key] = _value_type(vi)
-            if vt.elem_type or vi.name not in idx.types:
-                idx.types[vi.name] = vt
-            if vi.metadata_props:
-                idx.value_meta.setdefault(vi.name, {}).update({p.key: p.value for p in vi.metadata_props})
+            name = vi.name
+            if vt.elem_type or name not in types:
+                types[name] = vt
+            only_type = len(key) > 1 and key[0] == 0x12 and key[1] < 0x80 and len(key) == 2 + key[1]
+            if not only_type and vi.metadata_props:  # (checked only when more than a type follows)
+                idx.value_meta.setdefault(name, {}).update({p.key: p.value for p in vi.metadata_props})
         for init in g.initializer:
             idx.types.setdefault(init.name, ValueType(init.data_type, tuple(init.dims)))
             if init.metadata_props:
                 idx.value_meta.setdefault(init.name, {}).update({p.key: p.value for p in init.metadata_props})
+        # The loop below runs once per node of the model: locals, and no list made per lookup.
+        node_inputs, node_outputs, op_types = idx.node_inputs, idx.node_outputs, idx.op_types
+        consumers, producer, node_fx, node_fx_target = idx.consumers, idx.producer, idx.node_fx, idx.node_fx_target
+        skip = len(_CALL_TARGET)
         for i, node in enumerate(idx.nodes):
             # Read once into Python objects: each protobuf field access builds new ones.
             op_type, domain, outputs = node.op_type, node.domain, tuple(node.output)
             ins = list(node.input)
             if "" in ins:  # optional inputs left out
                 ins = [x for x in ins if x]
-            if op_type in _WITH_SUBGRAPHS or domain not in ("", "ai.onnx"):
+            if domain and domain != "ai.onnx" or op_type in _WITH_SUBGRAPHS:
                 ins += [x for x in subgraph_outer_inputs(node) if x not in node.input]
-            idx.node_inputs.append(ins)
-            idx.node_outputs.append(outputs)
-            idx.op_types.append(op_type)
+            node_inputs.append(ins)
+            node_outputs.append(outputs)
+            op_types.append(op_type)
             for x in ins:
-                idx.consumers.setdefault(x, []).append(i)
+                readers = consumers.get(x)
+                if readers is None:
+                    consumers[x] = [i]
+                else:
+                    readers.append(i)
             for o in outputs:
                 if o:
-                    idx.producer[o] = i
-            if op_type == "Constant" and domain in ("", "ai.onnx"):
+                    producer[o] = i
+            if op_type == "Constant" and (not domain or domain == "ai.onnx"):
                 idx.constant_nodes[outputs[0]] = i
-            # Only the two keys read for every node are kept (the rest, stack traces included, is
-            # most of an index's memory otherwise): ``node_meta`` reads any key from the model.
-            fx, scopes = _fx_and_scopes(node.metadata_props)
-            idx.node_scopes.append(scopes)
-            # '%name : [num_users=1] = call_function[target=aten.mm.default](args = ...)', read with
-            # string searches (faster than a regular expression, for the usual case)
+            # Only the FX node is kept (the rest, stack traces included, is most of an index's memory
+            # otherwise): ``node_meta`` reads any key from the model. '%name : [num_users=1] =
+            # call_function[target=aten.mm.default](args = ...)' is read with string searches (faster
+            # than a regular expression, for the usual case).
+            fx = _fx_text(node.metadata_props)
             colon = fx.find(" : ") if fx and fx[0] == "%" else -1
             call = fx.find(_CALL_TARGET, colon) if colon > 1 and " " not in fx[1:colon] else -1
-            end = fx.find("]", call + len(_CALL_TARGET)) if call >= 0 else -1
-            if end > call + len(_CALL_TARGET):
-                idx.node_fx.append(fx[1:colon])
-                idx.node_fx_target.append(fx[call + len(_CALL_TARGET):end])
+            end = fx.find("]", call + skip) if call >= 0 else -1
+            if end > call + skip:
+                node_fx.append(fx[1:colon])
+                node_fx_target.append(fx[call + skip:end])
             else:
                 fx = fx or ""
                 m = _FX_NODE_RE.match(fx)
-                idx.node_fx.append(m.group(1) if m else None)
+                node_fx.append(m.group(1) if m else None)
                 t = _FX_TARGET_RE.search(fx)
-                idx.node_fx_target.append(t.group(1) if t else None)
+                node_fx_target.append(t.group(1) if t else None)
         return idx
 
     def module_of_node(self, i: int) -> str:
         """Owning module path from ``pkg.torch.onnx.name_scopes`` (element [-2])."""
-        scopes = self.node_scopes[i]
+        scopes = self.node_meta(i, _SCOPES_KEY)
         if not scopes:
             return ""
         cache = self.__dict__.setdefault("_scopes", {})
