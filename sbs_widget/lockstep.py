@@ -1,11 +1,12 @@
 """One comparison run over a ``Prepared`` pair, in lockstep: the FX side runs up to the next
-segment's last twin, the segment runs (its session compiled in the background meanwhile), the
-segment's pairs are measured together and yielded in node order; each value is freed once compared
-and no longer read on its side."""
+segment's last twin, the segment runs (alongside it when both fit on the cores; its session compiled
+in the background meanwhile), the segment's pairs are measured together and yielded in node order;
+each value is freed once compared and no longer read on its side."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -14,13 +15,14 @@ import torch
 
 from . import records as R
 from .align import onnx_elem_type
+from .background import background
 from .errors import InputError, ToleranceExceeded
 from .fx_runner import FxRunner, program_outputs
 from .local import ANCHOR, local_model
 from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY
 from .records import HISTOGRAM_EDGES, Record
-from .runtimes import exact_numpy
+from .runtimes import cores, exact_numpy
 from .segments import SMALL_INITIALIZER, Segment, numpy_elem_type, segment_bytes, segment_model
 
 if TYPE_CHECKING:
@@ -55,7 +57,14 @@ class LockstepRun:
         key = (tuple(self.ranges), node_local)
         if key not in p.run_plans:
             p.run_plans[key] = _release_plan(p, self.ranges, node_local)
-        self.segment_of_node, self.fx_release, self.fx_need, self.release_at = p.run_plans[key]
+        self.segment_of_node, self.fx_release, self.fx_need, self.release_at, single = p.run_plans[key]
+        # A segment runs in the runner thread, alongside the FX side's stretch, when neither side
+        # needs more than a core: torch's small ops run on one thread and so does onnxruntime here.
+        # Otherwise it runs in this thread after the stretch: threads beyond the cores make torch's
+        # parallel ops wait for each other (11% slower on an 8-layer LLaMA of hidden size 256).
+        alongside = getattr(runtime, "compiles_in_background", False) and \
+            getattr(runtime, "intra_op_num_threads", 0) == 1 and cores() >= 2
+        self.alongside = [alongside and one for one in single]
         self.current_segment = -1
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -274,15 +283,22 @@ class LockstepRun:
 
         return run
 
-    def _run_segment(self, seg: Segment) -> float:
-        """Run ``seg`` in this thread, once the FX side has computed the same stretch (its session
-        was compiled ahead meanwhile); a segment that fails runs node by node. (Run in another
-        thread, alongside the FX side, it was slower: every hand-over of the GIL between the two
-        threads costs more than the overlap gains, 11% on an 8-layer LLaMA on two cores.)"""
+    def _start_segment(self, seg: Segment) -> Future | None:
+        """Start running ``seg`` in the runner thread, while the FX side computes the same stretch of
+        the model (onnxruntime and torch kernels release the GIL); None when it cannot run whole."""
+        job = self._segment_job(seg)
+        return background("sbs-run").submit(job) if job is not None else None
+
+    def _run_segment(self, seg: Segment, started: Future | None = None) -> float:
+        """Run ``seg`` in this thread (or collect the run ``_start_segment`` started); a segment that
+        fails runs node by node, in this thread."""
         begin = time.perf_counter()
         try:
-            job = self._segment_job(seg)
-            outs, seconds = job() if job is not None else (None, 0.0)
+            if started is not None:
+                outs, seconds = started.result()
+            else:
+                job = self._segment_job(seg)
+                outs, seconds = job() if job is not None else (None, 0.0)
         except Exception:  # an op the runtime cannot run: find it node by node
             outs = None
         if outs is not None:
@@ -483,8 +499,9 @@ class LockstepRun:
             if not self.keep_sessions and s:
                 self._compile_ahead(s + 1, s + 2)
             seg = p.segment(a, b)
+            started = self._start_segment(seg) if self.alongside[s] else None
             yield from self._advance_fx(self.fx_need[s])
-            seconds = self._run_segment(seg)
+            seconds = self._run_segment(seg, started)
             self.current_segment = s
             yield from self._segment_records(seg, seconds)
             self._free_onnx(seg)
@@ -618,7 +635,12 @@ def _release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) 
     release_at: list[list[str]] = [[] for _ in range(len(ranges) + 1)]
     for name, s in fx_release.items():
         release_at[min(s, len(ranges))].append(name)
-    return segment_of_node, fx_release, fx_need, release_at
+    # whether the FX stretch computed for each segment runs on one thread (small ops only)
+    single, done = [], -1
+    for need in fx_need:
+        single.append(all(i in p.small_fx_nodes for i in range(done + 1, need + 1)))
+        done = max(done, need)
+    return segment_of_node, fx_release, fx_need, release_at, single
 
 
 def _load_malloc_trim():

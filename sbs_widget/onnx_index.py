@@ -21,6 +21,7 @@ _QUOTED = re.compile(r"'([^']*)'")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _RULE_KEY = "pkg.onnxscript.rewriter.rule_name"
+_FOLDED_KEY = "pkg.onnxscript.optimizer.folded_from"
 
 ONNX_TO_NUMPY = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
@@ -222,7 +223,9 @@ class OnnxIndex:
 
     def module_of_node(self, i: int) -> str:
         """Owning module path from ``pkg.torch.onnx.name_scopes`` (element [-2])."""
-        scopes = self.node_meta(i, _SCOPES_KEY)
+        props = self.nodes[i].metadata_props
+        # the exporter writes the scopes fourth: looked up there first
+        scopes = props[3].value if len(props) > 3 and props[3].key == _SCOPES_KEY else self.node_meta(i, _SCOPES_KEY)
         if not scopes:
             return ""
         cache = self.__dict__.setdefault("_scopes", {})
@@ -250,7 +253,7 @@ class OnnxIndex:
         """Values a constant-folded initializer was computed from (onnxscript's metadata)."""
         cache = self.__dict__.setdefault("_folded", {})
         if value not in cache:
-            raw = self.value_meta.get(value, {}).get("pkg.onnxscript.optimizer.folded_from")
+            raw = self.value_meta.get(value, {}).get(_FOLDED_KEY)
             cache[value] = _name_list(raw) if raw else []
         return cache[value]
 
@@ -258,9 +261,12 @@ class OnnxIndex:
         """Reverse of ``folded_from``: source value -> initializers folded from it."""
         if "_folded_into" not in self.__dict__:
             out: dict[str, list[str]] = {}
+            value_meta = self.value_meta
             for name in self.initializers:
-                for src in self.folded_from(name):
-                    out.setdefault(src, []).append(name)
+                meta = value_meta.get(name)
+                if meta and _FOLDED_KEY in meta:  # (one without the metadata has no sources)
+                    for src in self.folded_from(name):
+                        out.setdefault(src, []).append(name)
             self.__dict__["_folded_into"] = out
         return self.__dict__["_folded_into"]
 

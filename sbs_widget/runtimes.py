@@ -68,7 +68,7 @@ class OnnxruntimeRuntime:
         opts.enable_mem_pattern = False
         # No spinning threads after a run: the FX side runs next, and the coming sessions compile.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.intra_op_num_threads = self.intra_op_num_threads or _cores()
+        opts.intra_op_num_threads = self.intra_op_num_threads or cores()
         data = model if isinstance(model, bytes) else model.SerializeToString()
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
         if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
@@ -121,7 +121,8 @@ def ort_array(value) -> np.ndarray:
     return np.frombuffer(bytearray(raw), dtype=onnx.helper.tensor_dtype_to_np_dtype(code)).reshape(value.shape())
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
