@@ -103,6 +103,9 @@ def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str
             src = index.nodes[i]
             node = onnx.NodeProto()
             node.CopyFrom(src)
+            # metadata (stack traces...) is most of a node's bytes, and the runtime would keep it
+            node.ClearField("metadata_props")
+            node.ClearField("doc_string")
             node.name = prefix + (src.name or f"n{i}")
             del node.input[:]
             node.input.extend(rename.get(x, prefix + x) if x else "" for x in src.input)

@@ -18,7 +18,7 @@ from .align import onnx_elem_type
 from .background import background
 from .errors import InputError, ToleranceExceeded
 from .fx_runner import FxRunner, program_outputs
-from .local import ANCHOR, local_model
+from .local import ANCHOR, LocalGroup, local_model
 from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
 from .onnx_index import ONNX_TO_NUMPY
 from .records import HISTOGRAM_EDGES, Record
@@ -264,6 +264,9 @@ class LockstepRun:
             types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
             if seg.outputs and len(types) == len(seg.inputs) and all(types.values()):
                 pieces.append(self._segment_piece(seg, types))
+            local = self._local_ahead(seg) if self.node_local else None
+            if local is not None:  # (built here, compiled in the background: most of a node-local run)
+                pieces.append(local)
         p.compile_ahead(self.rt, pieces)
 
     def _segment_job(self, seg: Segment) -> Callable[[], tuple[list, float]] | None:
@@ -355,13 +358,7 @@ class LockstepRun:
         """Node-local values for the compared values of ``seg`` (one session for all groups)."""
         p = self.p
         env = self.runner.env
-        groups = []
-        for i in range(seg.start, seg.end):
-            for o in p.index.node_outputs[i]:
-                if o and o in p.alignment.onnx_to_fx and p.index.op_types[i] != "Constant":
-                    g = p.group(o)
-                    if g is not None and all(p.alignment.onnx_to_fx[a] in env for a in g.anchors):
-                        groups.append(g)
+        groups = [g for g in self._local_groups(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)]
         if not groups:
             return {}
         feeds: dict[str, np.ndarray] = {}
@@ -375,15 +372,46 @@ class LockstepRun:
                         feeds[c] = p.weights()[c]
         except (TypeError, ValueError):
             return {}
-        types = {k: numpy_elem_type(v) for k, v in feeds.items()}
-        key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        key, build = self._local_piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
         self.used.append(key)
         try:
-            fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types)[0])
+            fn = p.compiled(self.rt, key, build)
             outs = fn(feeds, [g.output_name(k) for k, g in enumerate(groups)])
         except Exception:
             return self._run_local_one_by_one(groups, feeds)
         return {g.value: o for g, o in zip(groups, outs)}
+
+    def _local_groups(self, seg: Segment) -> list[LocalGroup]:
+        """The node-local groups of the compared values of ``seg``."""
+        p = self.p
+        groups = []
+        for i in range(seg.start, seg.end):
+            for o in p.index.node_outputs[i]:
+                if o and o in p.alignment.onnx_to_fx and p.index.op_types[i] != "Constant":
+                    g = p.group(o)
+                    if g is not None:
+                        groups.append(g)
+        return groups
+
+    def _local_piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
+        key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        return key, lambda: local_model(self.p.index, groups, types)[0]
+
+    def _local_ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
+        """The node-local piece of ``seg`` as a run will ask for it: every group's anchors fed from
+        torch, typed as the ONNX model declares them (None when a type is unknown)."""
+        p = self.p
+        groups = self._local_groups(seg)
+        types: dict[str, int] = {}
+        for g in groups:
+            for a in g.anchors:
+                types[ANCHOR + a] = p.index.types[a].elem_type if a in p.index.types else 0
+            for c in g.constants:
+                if self._is_big(c):
+                    types[c] = p.index.initializers[c].data_type
+        if not groups or not all(types.values()):
+            return None
+        return self._local_piece(seg, groups, types)
 
     def _is_big(self, name: str) -> bool:
         return self.p.index.initializer_numel(name) > SMALL_INITIALIZER
