@@ -112,18 +112,20 @@ _CONST, _NODE, _NESTED = 0, 1, 2
 _NESTED_TYPES = (list, tuple, dict, slice)
 
 
-def _arg_plan(values) -> tuple:
+def _arg_plan(values, device: torch.device | None = None) -> tuple:
     """How to build a node's arguments fast: (kind, payload) per argument, so that a step reads node
     values from the environment without walking the arguments with ``map_arg`` each time. A list
-    holding no node (a shape, a permutation) is a constant. (Types are tested most common first:
-    the plans are built by the first run, for every node.)"""
+    holding no node (a shape, a permutation) is a constant; a device becomes ``device`` when given.
+    (Types are tested most common first: the plans are built by the first run, for every node.)"""
     plan = []
     for v in values:
         t = type(v)
         if t is torch.fx.Node:
             plan.append((_NODE, v.name))
-        elif t is int or t is float or t is bool or not isinstance(v, _NESTED_TYPES):
+        elif t is int or t is float or t is bool:
             plan.append((_CONST, v))
+        elif not isinstance(v, _NESTED_TYPES):
+            plan.append((_CONST, device if t is torch.device and device is not None else v))
         elif t is immutable_list and not any(type(x) is torch.fx.Node or isinstance(x, _NESTED_TYPES) for x in v):
             plan.append((_CONST, v))
         else:
@@ -131,29 +133,59 @@ def _arg_plan(values) -> tuple:
     return tuple(plan)
 
 
-def _call_plan(node: torch.fx.Node) -> tuple:
-    """(target, argument plan, keyword plan, keyword names) of a call_function node, built once."""
+def _call_plan(node: torch.fx.Node, device: torch.device | None = None) -> tuple:
+    """(target, argument plan, keyword plan, keyword names) of a call_function node, built once;
+    ``device``: where the tensors it creates go (see ``FxRunner``)."""
     kwargs = node.kwargs
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         target = target._op  # what OpOverload.__call__ calls: one Python frame less per node
     if not kwargs:
-        return target, _arg_plan(node.args), (), ()
-    return target, _arg_plan(node.args), _arg_plan(kwargs.values()), tuple(kwargs)
+        return target, _arg_plan(node.args, device), (), ()
+    return target, _arg_plan(node.args, device), _arg_plan(kwargs.values(), device), tuple(kwargs)
+
+
+def inputs_device(flat: list) -> torch.device:
+    """The device a run computes on: the first CUDA (or other accelerator) tensor's among the
+    inputs, else the CPU."""
+    for v in flat:
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            return v.device
+    return _CPU
+
+
+def on_inputs_device(program: torch.export.ExportedProgram, flat: list) -> tuple[list, torch.device]:
+    """``flat`` (``flat_inputs``) with the parameters, buffers and constants moved to the device of
+    the user's inputs (the CPU when none is elsewhere), and that device: the FX side runs there."""
+    device = inputs_device(flat[len(flat) - len(program.graph_signature.user_inputs):])
+    if all(v.device == device for v in flat if isinstance(v, torch.Tensor)):
+        return flat, device
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in flat], device
+
+
+_CPU = torch.device("cpu")
 
 
 class FxRunner:
-    """Steps through ``program.graph``; ``env`` maps node names to values."""
+    """Steps through ``program.graph``; ``env`` maps node names to values.
+
+    ``device``: where the tensors that nodes create go. A program records the device it was exported
+    on in nodes such as ``arange(..., device=cpu)``; run on inputs from another device (a program
+    exported on the CPU, inputs on CUDA), such a node would make a tensor on the wrong one, and the
+    next op mixing the two would fail. Every device argument becomes ``device`` (what
+    ``torch.export.passes.move_to_device_pass`` does to a program, without copying it)."""
 
     def __init__(self, program: torch.export.ExportedProgram, small: set[int] | None = None,
-                 plans: dict[int, tuple] | None = None):
+                 plans: dict[int, tuple] | None = None, device: torch.device | None = None):
         self.program = program
         self.module = program.graph_module
         self.nodes = list(program.graph.nodes)
         self.env: dict[str, object] = {}
         self.position = 0
         self.small = small_nodes(self.nodes) if small is None else small
+        self.device = device
         self._plans = {} if plans is None else plans  # position -> call plan; shareable between runs
+        # (on the same device)
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -206,7 +238,7 @@ class FxRunner:
                             torch.set_num_threads(1 if single else threads)
                         plan = plans.get(position - 1)
                         if plan is None:
-                            plan = plans[position - 1] = _call_plan(node)
+                            plan = plans[position - 1] = _call_plan(node, self.device)
                         target, a_plan, k_plan, k_names = plan
                         begin = perf()
                         try:

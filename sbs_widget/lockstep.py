@@ -37,7 +37,7 @@ class LockstepRun:
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
-                 histogram, segment_nodes, keep_sessions=True):
+                 histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu")):
         self.p, self.flat, self.rt = p, flat, runtime
         self.keep_sessions = keep_sessions
         self.used: list[tuple] = []  # compiled pieces used by the current segment
@@ -45,7 +45,7 @@ class LockstepRun:
         self.node_local, self.exc, self.progress = node_local, exc, progress
         self.histogram = histogram
         self.scratch = Scratch()  # the metrics' work buffers, for the whole run
-        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans)
+        self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans.setdefault(device, {}), device)
         self.onnx_env: dict[str, object] = {}
         self.onnx_shapes: dict[str, tuple] = {}
         self.onnx_errors: dict[str, str] = {}

@@ -17,7 +17,8 @@ from . import records as R
 from .align import Alignment, align
 from .background import background
 from .errors import InputError, ModelMismatchError
-from .fx_runner import check_inputs, flat_inputs, dead_nodes, last_uses, program_outputs, small_nodes
+from .fx_runner import (check_inputs, dead_nodes, flat_inputs, last_uses, on_inputs_device,
+                        program_outputs, small_nodes)
 from .local import LocalGroup, build_group
 from .lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
 from .loading import load_inputs
@@ -51,7 +52,8 @@ class Prepared:
         self.fx_last_use = last_uses(graph)
         self.fx_sizes = [(info.elements, info.nbytes) for info in self.alignment.fx_nodes]
         self.small_fx_nodes = small_nodes(self.fx_nodes, self.fx_sizes)
-        self.fx_plans: dict[int, tuple] = {}  # FxRunner's call plans, built by the first run
+        # FxRunner's call plans, built by the first run on each device: device -> position -> plan
+        self.fx_plans: dict[torch.device, dict[int, tuple]] = {}
         # After node i runs: the values it read for the last time, and its own if nothing reads it.
         self.fx_frees: list[list[str]] = [[] for _ in self.fx_nodes]
         for name, i in self.fx_last_use.items():
@@ -321,11 +323,8 @@ class Prepared:
         args, kwargs = load_inputs(args, kwargs)
         flat = flat_inputs(self.decomposed_ep, args, kwargs)
         check_inputs(self.decomposed_ep, flat)
-        user_tensors = flat[len(flat) - len(self.decomposed_ep.graph_signature.user_inputs):]
-        cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in user_tensors)
-        if cuda:
-            device = next(v.device for v in user_tensors if isinstance(v, torch.Tensor) and v.is_cuda)
-            flat = [v.to(device) if isinstance(v, torch.Tensor) else v for v in flat]
+        flat, device = on_inputs_device(self.decomposed_ep, flat)
+        cuda = device.type == "cuda"
         tensor_inputs = self.alignment.tensor_inputs
         if len(self.index.inputs) != len(tensor_inputs):
             raise ModelMismatchError(
@@ -338,7 +337,7 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda, threads=threads)
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                    histogram, segment_nodes, keep_sessions).records()
+                    histogram, segment_nodes, keep_sessions, device).records()
 
 
 class _Weights:

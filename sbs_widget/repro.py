@@ -106,12 +106,13 @@ def _resolve(prepared, target) -> str:
 
 
 def _torch_values(prepared, inputs, kwargs, names: set[str]) -> dict:
-    from .fx_runner import FxRunner, flat_inputs
+    from .fx_runner import FxRunner, flat_inputs, on_inputs_device
     from .loading import load_inputs
 
     args, kwargs = load_inputs(inputs, kwargs)
-    runner = FxRunner(prepared.decomposed_ep)
-    runner.feed(flat_inputs(prepared.decomposed_ep, args, kwargs))
+    flat, device = on_inputs_device(prepared.decomposed_ep, flat_inputs(prepared.decomposed_ep, args, kwargs))
+    runner = FxRunner(prepared.decomposed_ep, device=device)
+    runner.feed(flat)
     last = len(prepared.fx_nodes) - 1
     with torch.no_grad():
         while not all(n in runner.env for n in names) and runner.position < last:
