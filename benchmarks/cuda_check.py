@@ -25,24 +25,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 import time
-import os
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # speed_memory's model sizes
 
 
 def _to(device, value):
+    """``value`` (nested args / kwargs) with every tensor on ``device``."""
     import torch
+    from torch.utils._pytree import tree_map_only
 
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(device, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(device, v) for k, v in value.items()}
-    return value
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
 def _run(prepared, args, kwargs, **options):

@@ -10,6 +10,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from torch.utils._pytree import tree_map_only
 
 import sbs_widget
 from sbs_widget import faults
@@ -22,13 +23,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 
 def _to(device, value):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(device, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(device, v) for k, v in value.items()}
-    return value
+    """``value`` (nested args / kwargs) with every tensor on ``device``."""
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), value)
 
 
 # The CPU case runs everywhere (CI included), the CUDA one where a GPU is.
