@@ -1,6 +1,8 @@
 """The vectorized error figures (``compute_errors_many``) equal the one-pair ones on every kind of value."""
 
 import math
+import shutil
+import sysconfig
 
 import numpy as np
 import pytest
@@ -42,14 +44,27 @@ def _pairs(seed: int):
             a = torch.from_numpy(a).to(torch.float16)
             b = a.float().numpy().astype(np.float16) + np.float16(0.01)
         pairs.append((a, b))
+    # strided values, as torch hands them over (transposed, expanded, sliced), and one big pair
+    base = rng.standard_normal((6, 5, 7)).astype(np.float32)
+    noisy = base + rng.standard_normal(base.shape).astype(np.float32) * 1e-3
+    pairs.append((torch.from_numpy(base).transpose(0, 2), np.ascontiguousarray(noisy.transpose(2, 1, 0))))
+    pairs.append((np.broadcast_to(base[:, :1], (6, 9, 7)), np.broadcast_to(noisy[:, :1], (6, 9, 7)).copy()))
+    pairs.append((base[:, ::2, 1:], noisy[:, ::2, 1:]))
+    big = rng.standard_normal(1 << 17).astype(np.float32)
+    pairs.append((big, big + np.float32(2e-4) * rng.standard_normal(big.size).astype(np.float32)))
     pairs.append((np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)))
     pairs.append((np.complex64(1 + 2j) * np.ones(3, np.complex64), np.ones(3, np.complex64)))
     return pairs
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("batch", [1 << 18, 700])
 @pytest.mark.parametrize("histogram", [True, False])
-def test_many_equals_one_by_one(monkeypatch, batch, histogram):
+def test_many_equals_one_by_one(monkeypatch, batch, histogram, compiled):
+    if compiled and metrics._compare is None:
+        pytest.skip("sbs_widget._compare was not built (no C compiler)")
+    if not compiled:
+        monkeypatch.setattr(metrics, "_compare", None)
     monkeypatch.setattr(metrics, "BATCH_ELEMENTS", batch)  # 700: many small batches, pairs split across
     pairs = _pairs(batch)
     one = [compute_errors(a, b, atol=1e-4, rtol=1e-3, histogram=histogram) for a, b in pairs]
@@ -130,3 +145,30 @@ def test_beyond_where_follows_the_comparison_rule_on_special_values():
     assert where(np.array([True, False]), np.array([True, True]), atol=0, rtol=0) == "[1] (1 of 2)"
     assert where(torch.ones(3, dtype=torch.bfloat16), np.zeros(3, np.float32), atol=0, rtol=0) == "[:] (3 of 3)"
     assert where(np.float32(1), np.float32(2), atol=0, rtol=0) is None  # no axis to name
+
+
+def test_the_compiled_comparison_is_built_where_a_compiler_is():
+    """setup.py builds ``_compare`` as optional: a compile error would silently fall back to numpy
+    (2.5x slower comparisons). Where a C compiler exists, it must have been built."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}): numpy compares")
+    assert metrics._compare is not None, "sbs_widget/_compare.c did not build: run pip install -e . and read its log"
+
+
+def test_compiled_comparison_hands_nan_and_odd_values_to_numpy():
+    """Pairs the compiled pass does not answer (NaN/Inf, not float32) are answered None, never wrong."""
+    if metrics._compare is None:
+        pytest.skip("sbs_widget._compare was not built (no C compiler)")
+    ok = np.arange(40, dtype=np.float32)
+    nan = ok.copy()
+    nan[3] = np.nan
+    errs = metrics._compare.errors_f32(metrics.Errors, [ok, ok, ok.astype(np.float64), ok],
+                                       [ok + 1, nan, ok.astype(np.float64), ok], 1e-4, 1e-4, True,
+                                       metrics.HISTOGRAM_EDGES)
+    assert errs[1] is None and errs[2] is None
+    assert isinstance(errs[0], metrics.Errors) and errs[0].err_abs == 1.0 and errs[0].err_h01 == 40
+    assert not errs[0].within_tolerance and errs[0].histogram[8] == 40
+    assert errs[3] == (0.0, 0.0, 0.0, 0, 0, 0, 40, True, (40,) + (0,) * 9)
+    # the compiled path keeps numpy's answer for the NaN pair through compute_errors_many
+    assert compute_errors_many([(ok, nan)], atol=1e-4, rtol=1e-4)[0].err_nan == 1
