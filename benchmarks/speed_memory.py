@@ -255,6 +255,7 @@ def measure(mode: str, name: str, cache: str) -> dict:
             out["seconds"] = _plain_session_run(decomposed, data, args, kwargs)
         out["rss_above"] = mem.above
     elif mode in ("ours", "ours_local"):
+        from sbs_widget import metrics
         from sbs_widget.engine import prepare
 
         with PeakRss() as mem:
@@ -264,6 +265,7 @@ def measure(mode: str, name: str, cache: str) -> dict:
             out["seconds"] = time.perf_counter() - begin
         out["records"] = n
         out["rss_above"] = mem.above
+        out["compiled"] = metrics._compare is not None
         begin = time.perf_counter()
         sum(1 for _ in p.run(args, kwargs, node_local=mode == "ours_local"))
         out["rerun"] = time.perf_counter() - begin
@@ -357,6 +359,8 @@ def main(argv=None) -> int:
             "onnxruntime_mem_ratio": round(statistics.median(x["rss_above"] for x in runs["onnxruntime"])
                                            / denominator, 2),
             "weights_MB": round(floor["weights"] / 2**20, 1), "live_MB": round(floor["live"] / 2**20, 1),
+            # the compiled comparison (sbs_widget/_compare.c) in use, or numpy's path (no C compiler)
+            "compiled_compare": all(x["compiled"] for x in runs["ours"]),
         }
         if "reference" in med:
             row["onnx_diagnostic_s"] = round(med["reference"], 2)
