@@ -93,13 +93,21 @@ static void measure(const float *e, const float *g, Py_ssize_t n, float atol, fl
     const float eps = 1e-6f, tenth = 0.1f, hundredth = 0.01f;
     float top[LANES] = {0}, rel[LANES] = {0}, sq[LANES] = {0};
     int bad[LANES] = {0}, viol[LANES] = {0}, h01[LANES] = {0}, h001[LANES] = {0};
+    float tail_e[LANES] = {0}, tail_g[LANES] = {0}; /* the last values, padded with zeros (neutral) */
     double sumsq = 0.0;
-    Py_ssize_t nviol = 0, n01 = 0, n001 = 0, i = 0, full = n - n % LANES;
+    Py_ssize_t nviol = 0, n01 = 0, n001 = 0;
     int finite = 1, blocks = 0;
-    for (; i < full; i += LANES) {
+    for (Py_ssize_t i = 0; i < n; i += LANES) {
+        const float *pe = e + i, *pg = g + i;
+        if (n - i < LANES) {
+            memcpy(tail_e, pe, (size_t)(n - i) * sizeof(float));
+            memcpy(tail_g, pg, (size_t)(n - i) * sizeof(float));
+            pe = tail_e;
+            pg = tail_g;
+        }
         for (int j = 0; j < LANES; j++) {
-            float d = fabsf(e[i + j] - g[i + j]);
-            float a = fabsf(e[i + j]);
+            float d = fabsf(pe[j] - pg[j]);
+            float a = fabsf(pe[j]);
             float limit = a * rtol;
             limit = limit + atol;
             float r = d / (a < eps ? eps : a);
@@ -112,7 +120,7 @@ static void measure(const float *e, const float *g, Py_ssize_t n, float atol, fl
             h001[j] += d > hundredth;
         }
         /* float32 sums of squares stay short (accurate), int counts far from overflow */
-        if (++blocks == FOLD || i + LANES >= full) {
+        if (++blocks == FOLD || i + LANES >= n) {
             for (int j = 0; j < LANES; j++) {
                 sumsq += sq[j];
                 nviol += viol[j];
@@ -129,20 +137,6 @@ static void measure(const float *e, const float *g, Py_ssize_t n, float atol, fl
     for (int j = 0; j < LANES; j++) {
         t = top[j] > t ? top[j] : t;
         rl = rel[j] > rl ? rel[j] : rl;
-    }
-    for (; i < n; i++) { /* the tail */
-        float d = fabsf(e[i] - g[i]);
-        float a = fabsf(e[i]);
-        float limit = a * rtol;
-        limit = limit + atol;
-        float r = d / (a < eps ? eps : a);
-        finite &= d <= FLT_MAX;
-        t = d > t ? d : t;
-        rl = r > rl ? r : rl;
-        sumsq += (double)d * (double)d;
-        nviol += d > limit;
-        n01 += d > tenth;
-        n001 += d > hundredth;
     }
     f->top = t;
     f->rel = rl;
