@@ -213,7 +213,10 @@ class Scratch:
     def get(self, name: str, size: int, dtype) -> np.ndarray:
         buf = self._buffers.get((name, dtype))
         if buf is None or buf.size < size:
-            buf = self._buffers[(name, dtype)] = np.empty(max(size, BATCH_ELEMENTS), dtype)
+            # Grown by powers of two, up to what a batch needs: a model whose only non-float32 values
+            # are a few masks keeps a few kB here, not BATCH_ELEMENTS of each dtype.
+            grown = 1 << max(10, (size - 1).bit_length())
+            buf = self._buffers[(name, dtype)] = np.empty(max(size, min(grown, BATCH_ELEMENTS)), dtype)
         return buf[:size]
 
 
