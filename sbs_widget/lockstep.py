@@ -23,7 +23,7 @@ from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_er
 from .onnx_index import ONNX_TO_NUMPY
 from .records import HISTOGRAM_EDGES, Record
 from .runtimes import cores, exact_numpy
-from .segments import SMALL_INITIALIZER, Segment, numpy_elem_type, segment_bytes, segment_model
+from .segments import SMALL_INITIALIZER, TRANSPOSED, Segment, numpy_elem_type, segment_bytes, segment_model
 
 if TYPE_CHECKING:
     from .prepared import Prepared
@@ -258,10 +258,12 @@ class LockstepRun:
         if not getattr(self.rt, "compiles_in_background", False):
             return
         p = self.p
-        pieces = []
+        pieces, weights = [], p.weights()
         for a, b in self.ranges[first:end]:
             seg = p.segment(a, b)
             types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
+            for x in [x for x in types if x in p.index.initializers and weights.transposed_source(x) is not None]:
+                types[TRANSPOSED + x] = types.pop(x)  # as the run will feed it (_segment_feeds)
             if seg.outputs and len(types) == len(seg.inputs) and all(types.values()):
                 pieces.append(self._segment_piece(seg, types))
             local = self._local_ahead(seg) if self.node_local else None
@@ -272,7 +274,7 @@ class LockstepRun:
     def _segment_job(self, seg: Segment) -> Callable[[], tuple[list, float]] | None:
         """Running ``seg`` on the values at hand, as a call returning (outputs, seconds); None when
         it cannot run whole (feeds missing after a failed node, or nothing to hand back)."""
-        feeds = {x: self._onnx_value(x) for x in seg.inputs if self._available(x)}
+        feeds = self._segment_feeds(seg)
         if len(feeds) != len(seg.inputs) or not seg.outputs:
             return None
         key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
@@ -285,6 +287,21 @@ class LockstepRun:
             return outs, time.perf_counter() - begin
 
         return run
+
+    def _segment_feeds(self, seg: Segment) -> dict:
+        """The values at hand for ``seg``'s inputs; a weight stored transposed comes as its torch
+        parameter, under ``TRANSPOSED`` + its name, for the segment to transpose."""
+        feeds, env, initializers = {}, self.onnx_env, self.p.index.initializers
+        for x in seg.inputs:
+            if x in env:
+                feeds[x] = env[x]
+            elif x in initializers:
+                source = self.p.weights().transposed_source(x)
+                if source is None:
+                    feeds[x] = self.p.weights()[x]
+                else:
+                    feeds[TRANSPOSED + x] = source
+        return feeds
 
     def _start_segment(self, seg: Segment) -> Future | None:
         """Start running ``seg`` in the runner thread, while the FX side computes the same stretch of

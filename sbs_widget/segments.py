@@ -22,6 +22,11 @@ from .onnx_index import OnnxIndex
 # bigger ones are fed as inputs, so that weights are never copied per segment.
 SMALL_INITIALIZER = 256
 
+# A feed named TRANSPOSED + x is the transpose of input x (a weight the optimizer stored transposed,
+# fed from the torch parameter's memory): the segment transposes it itself, so the copy lives from
+# just before its first reader to its last (onnxruntime frees it then), not through the whole segment.
+TRANSPOSED = "sbs_transposed::"
+
 _NUMPY_TO_ONNX = {np.dtype(k): v for k, v in {
     np.float32: 1, np.uint8: 2, np.int8: 3, np.uint16: 4, np.int16: 5, np.int32: 6, np.int64: 7,
     np.bool_: 9, np.float16: 10, np.float64: 11, np.uint32: 12, np.uint64: 13, np.complex64: 14,
@@ -110,9 +115,18 @@ def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) ->
     """``segment_model`` serialized, built from bytes: the nodes were serialized once for the whole
     model (``SerializedNodes``), a segment joins a slice of them. Building protobuf messages per
     segment held the GIL for ~10 ms a model while the main thread ran the comparison."""
+    inputs, transposes = [], []
+    for x in seg.inputs:
+        if x in feed_types:
+            inputs.append(helper.make_tensor_value_info(x, feed_types[x], None))
+        else:
+            source = TRANSPOSED + x
+            inputs.append(helper.make_tensor_value_info(source, feed_types[source], None))
+            transposes.append(helper.make_node("Transpose", [source], [x], perm=[1, 0]))
     shell = onnx.GraphProto(
         name=f"segment_{seg.start}_{seg.end}",
-        input=[helper.make_tensor_value_info(x, feed_types[x], None) for x in seg.inputs],
+        node=transposes,  # first in the file; onnxruntime runs each just before its first reader
+        input=inputs,
         initializer=[index.initializers[x] for x in seg.embedded],
     )
     nodes = _serialized_nodes(index)

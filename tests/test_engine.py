@@ -582,3 +582,59 @@ def test_a_parameter_transposed_in_the_program_and_folded_by_the_optimizer():
     folded = next(r for r in records if r.ep_name == "permute")
     assert folded.status == "ok" and folded.err_abs == 0 and "constant-folded" in folded.comment
     assert [r.status for r in records if r.kind == "output"] == ["ok"]
+
+
+class _ModelsMind:
+    """A runtime that keeps every model it compiles (the Runtime protocol)."""
+
+    name = "models-kept"
+
+    def __init__(self):
+        self.inner = sbs_widget.get_runtime("onnxruntime")
+        self.models = []
+
+    def compile(self, model):
+        self.models.append(model)
+        return self.inner.compile(model)
+
+
+def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_memory(monkeypatch):
+    """An optimized export stores ``linear``'s weight transposed (MatMul on 3-D inputs). Past
+    TRANSPOSE_IN_SEGMENT_BYTES the segment is fed the torch parameter itself and transposes it (no
+    copy held for the whole segment): the records, resets and node-local errors are exactly those of
+    a run fed the file's layout."""
+    from sbs_widget import prepared
+    from sbs_widget.segments import TRANSPOSED
+
+    torch.manual_seed(0)
+    width = 256  # 256 kB weights
+    assert width * width * 4 >= prepared.TRANSPOSE_IN_SEGMENT_BYTES
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                                torch.nn.Tanh(), torch.nn.Linear(width, 8))
+    x = torch.randn(2, 3, width)
+    ep, prog = export_module(model, (x,), optimize=True)
+    p = prepare(ep, prog.model_proto)
+    transposed = [n for n in p.index.initializers if p.weights().transposed_source(n) is not None]
+    assert len(transposed) == 2  # the two square weights (the last one is below the threshold)
+
+    rt = _ModelsMind()
+    records = list(p.run((x,), {}, runtime=rt))
+    fed = {i.name for m in rt.models for i in m.graph.input}
+    assert {TRANSPOSED + n for n in transposed} <= fed
+    assert records and all(r.status in ("ok", "one-sided") for r in records)
+    assert [r.status for r in records if r.kind == "output"] == ["ok"]
+
+    def measured(recs):
+        return [(r.kind, r.ep_name, r.onnx_name, r.status, r.err_abs, r.err_local) for r in recs]
+
+    reset_name = next(r.onnx_name for r in records if r.kind == "node" and "gelu" in (r.ep_target or ""))
+    runs = [measured(records), measured(p.run((x,), {}, reset_names=[reset_name])),
+            measured(p.run((x,), {}, node_local=True))]
+    assert next(s for _, _, o, s, _, _ in runs[1] if o == reset_name) == "reset"
+    assert any(loc is not None for *_, loc in runs[2])
+    # The same runs with every weight fed in the file's layout (copied transposes, as below the threshold).
+    monkeypatch.setattr(prepared, "TRANSPOSE_IN_SEGMENT_BYTES", 1 << 62)
+    p2 = prepare(ep, prog.model_proto)
+    assert not [n for n in p2.index.initializers if p2.weights().transposed_source(n) is not None]
+    assert runs == [measured(p2.run((x,), {})), measured(p2.run((x,), {}, reset_names=[reset_name])),
+                    measured(p2.run((x,), {}, node_local=True))]
