@@ -11,8 +11,9 @@ Printed per model (medians over --repeat runs, each measurement in a fresh subpr
 - decomposition (s)        the one-time cost when the user hands over the user EP (cached afterwards);
 - memory ratio             peak RSS above the loaded state / (weights + largest live set of the
                            eager run), target <= 2.0 (rerun_mem_ratio: a rerun's peak above the
-                           prepared state, sessions built, over the same denominator); printed for the floor too (floor_mem_ratio),
-                           and for one plain onnxruntime session running the unmodified model once
+                           prepared state, sessions built, over the same denominator); printed for
+                           the floor too (floor_mem_ratio), and for one plain onnxruntime session
+                           running the unmodified model once
                            (onnxruntime_mem_ratio: onnxruntime's fixed cost, for scale). The
                            peak is the kernel's high-water mark (reset at the start): a thread sampling
                            RSS every millisecond (before) slowed onnx-diagnostic by ~50% and us by less,

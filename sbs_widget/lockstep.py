@@ -291,14 +291,14 @@ class LockstepRun:
     def _segment_feeds(self, seg: Segment) -> dict:
         """The values at hand for ``seg``'s inputs; a weight stored transposed comes as its torch
         parameter, under ``TRANSPOSED`` + its name, for the segment to transpose."""
-        feeds, env, initializers = {}, self.onnx_env, self.p.index.initializers
+        feeds, env, initializers, weights = {}, self.onnx_env, self.p.index.initializers, self.p.weights()
         for x in seg.inputs:
             if x in env:
                 feeds[x] = env[x]
             elif x in initializers:
-                source = self.p.weights().transposed_source(x)
+                source = weights.transposed_source(x)
                 if source is None:
-                    feeds[x] = self.p.weights()[x]
+                    feeds[x] = weights[x]
                 else:
                     feeds[TRANSPOSED + x] = source
         return feeds

@@ -455,16 +455,18 @@ def test_tolerances_apply_without_verbosity():
 
 
 class CountingRuntime:
-    """A plugged-in runtime (the Runtime protocol) that counts what it compiles."""
+    """A plugged-in runtime (the Runtime protocol) that counts and keeps what it compiles."""
 
     name = "counting"
 
     def __init__(self):
         self.inner = sbs_widget.get_runtime("onnxruntime")
         self.compiled = 0
+        self.models = []
 
     def compile(self, model):
         self.compiled += 1
+        self.models.append(model)
         return self.inner.compile(model)
 
 
@@ -584,20 +586,6 @@ def test_a_parameter_transposed_in_the_program_and_folded_by_the_optimizer():
     assert [r.status for r in records if r.kind == "output"] == ["ok"]
 
 
-class _ModelsMind:
-    """A runtime that keeps every model it compiles (the Runtime protocol)."""
-
-    name = "models-kept"
-
-    def __init__(self):
-        self.inner = sbs_widget.get_runtime("onnxruntime")
-        self.models = []
-
-    def compile(self, model):
-        self.models.append(model)
-        return self.inner.compile(model)
-
-
 def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_memory(monkeypatch):
     """An optimized export stores ``linear``'s weight transposed (MatMul on 3-D inputs). Past
     TRANSPOSE_IN_SEGMENT_BYTES the segment is fed the torch parameter itself and transposes it (no
@@ -617,7 +605,7 @@ def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_
     transposed = [n for n in p.index.initializers if p.weights().transposed_source(n) is not None]
     assert len(transposed) == 2  # the two square weights (the last one is below the threshold)
 
-    rt = _ModelsMind()
+    rt = CountingRuntime()
     records = list(p.run((x,), {}, runtime=rt))
     fed = {i.name for m in rt.models for i in m.graph.input}
     assert {TRANSPOSED + n for n in transposed} <= fed
