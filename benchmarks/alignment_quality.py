@@ -6,7 +6,8 @@ torch.export.export returns) and report:
 - beyond: records beyond tolerance (must be 0 on a correct export),
 - errors: records with status error,
 - coverage: share of the user program's value-producing call_function nodes compared,
-- cov_present: the same among nodes whose value exists in the ONNX graph (folded: constant-folded ones),
+- cov_present: the same among nodes whose value exists in the ONNX graph (folded: constant-folded ones,
+  fused: taken into a node the optimizer rewrote, e.g. a Conv with its BatchNorm folded in),
 - err_local: share of compared node pairs that got a node-local error.
 
     python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
                 model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=prepared.n_onnx_nodes,
                 records=len(records), compared=s.n_compared, beyond=s.by_status.get("mismatch", 0),
                 errors=s.by_status.get("error", 0), coverage=round(100 * (s.coverage or 0), 1),
-                cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded,
+                cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded, fused=s.fused,
                 err_local=round(100 * sum(r.err_local is not None for r in nodes) / max(1, len(nodes)), 1),
                 worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", tol=f"{atol:g}/{rtol:g}",
                 seconds=round(seconds, 2),

@@ -9,7 +9,12 @@ trust:
 3. ``folded``: a constant-folded initializer whose ``folded_from`` names the FX node's inputs and whose
    shape and dtype match (e.g. a transposed weight);
 4. ``consumer``: the only unaligned input of the ONNX nodes translating the FX node's consumers that has
-   its shape and dtype (CSE-merged or renamed values).
+   its shape and dtype (CSE-merged or renamed values);
+5. aliases: a no-op the optimizer removed holds its input's twin; a duplicate (same op on the same
+   inputs as an earlier node, merged by the optimizer's common subexpression elimination) holds the
+   earlier node's twin.
+FX values left without a twin are explained: constant-folded, absorbed, or fused into the rewritten
+translation of a consumer (``fused_into``).
 Every candidate must agree in dtype and shape with the FX node's ``meta["val"]``: a name alone is never
 trusted (names collide across programs, see the field notes).
 Inputs and outputs map by position; weights by state-dict key / ``original_node_name``.
@@ -89,6 +94,9 @@ class Alignment:
     aliases: dict[str, list[str]] = field(default_factory=dict)   # ONNX value -> more FX nodes equal to it
     alias_of: dict[str, str] = field(default_factory=dict)        # FX node -> ONNX value it equals
     absorbed: dict[str, str] = field(default_factory=dict)  # FX node -> op of the fused node that took its end
+    duplicate_of: dict[str, str] = field(default_factory=dict)  # FX node -> earlier FX node computing the same
+    # (only for FX nodes without a twin of their own)
+    fused_into: dict[str, str] = field(default_factory=dict)  # FX node without twin -> the fused ONNX node, in words
     fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
 
 
@@ -497,4 +505,88 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             continue
         al.alias_of[node.name] = target
         al.aliases.setdefault(target, []).append(node.name)
+    _pair_duplicates(nodes, al, index)
+    _find_fused_into(nodes, al, index)
     return al
+
+
+def _duplicate_key(node: torch.fx.Node, canonical: dict):
+    """What makes two FX nodes compute the same value: op and arguments, each input node replaced by
+    its canonical node (the first computing its value); None when an argument cannot be compared.
+    The plain tuple is tried first: most nodes hash as they are (this runs on every node)."""
+    args, kwargs = node.args, node.kwargs
+    if canonical and not canonical.keys().isdisjoint(node.all_input_nodes):
+        args = torch.fx.node.map_arg(args, lambda x: canonical.get(x, x))
+        kwargs = torch.fx.node.map_arg(kwargs, lambda x: canonical.get(x, x))
+    key = (id(node.target), args, tuple(kwargs.items()) if kwargs else ())  # (ops are singletons)
+    try:
+        hash(key)
+    except TypeError:  # lists in the arguments (shapes, tensors to concatenate)
+        key = _frozen(key)
+    return key
+
+
+def _frozen(x):
+    if isinstance(x, (list, tuple)):
+        return tuple(_frozen(y) for y in x)
+    if isinstance(x, dict):
+        return tuple((k, _frozen(v)) for k, v in x.items())
+    hash(x)  # anything else unhashable has no key: TypeError, caught by the caller
+    return x
+
+
+def _pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
+    """A node doing what an earlier node does (same op, same inputs) holds the same value: the
+    optimizer's common subexpression elimination keeps one ONNX value for both (the rotary cos/sin
+    unsqueezed once per layer in LLaMA), so the twin of the first is the twin of the others."""
+    first: dict = {}
+    canonical: dict[torch.fx.Node, torch.fx.Node] = {}
+    seeded = torch.Tag.nondeterministic_seeded
+    random: dict[int, bool] = {}  # random ops draw different numbers each time
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        target = id(node.target)
+        if target not in random:
+            random[target] = seeded in getattr(node.target, "tags", ())
+        if random[target]:
+            continue
+        try:
+            key = _duplicate_key(node, canonical)
+        except TypeError:
+            continue
+        earlier = first.setdefault(key, node)
+        if earlier is node:
+            continue
+        canonical[node] = earlier
+        name, source = node.name, earlier.name
+        val, earlier_val = node.meta.get("val"), earlier.meta.get("val")
+        if name in al.pairs or name in al.alias_of or not isinstance(val, torch.Tensor) \
+                or not isinstance(earlier_val, torch.Tensor) or val.dtype != earlier_val.dtype \
+                or val.shape != earlier_val.shape:  # mul(x, 1) and mul(x, 1.0) have equal keys
+            continue
+        al.duplicate_of[name] = source  # also says why a value without a twin has none
+        twin = al.pairs[source].onnx_value if source in al.pairs else al.alias_of.get(source)
+        if twin in index.producer:
+            al.alias_of[name] = twin
+            al.aliases.setdefault(twin, []).append(name)
+        elif twin in index.initializers:  # a constant-folded twin: compared once the FX node has run
+            al.pairs[name] = Pair(name, twin, "duplicate")
+
+
+def _find_fused_into(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
+    """FX nodes without a twin whose consumer's translation was rewritten by a fusion rule
+    (FuseBatchNormIntoConv makes one Conv of conv + batch norm; TransposeTranspose one Transpose of
+    two): the fused node took their value in, so it no longer exists in the ONNX graph."""
+    for node in nodes:
+        name = node.name
+        if node.op != "call_function" or name in al.pairs or name in al.alias_of or name in al.absorbed \
+                or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        for user in node.users:
+            fused = next((i for i in al.fx_group.get(user.name, []) if index.is_rewritten(i)), None)
+            if fused is not None:
+                rule = index.node_meta(fused, "pkg.onnxscript.rewriter.rule_name")
+                al.fused_into[name] = (f"{index.op_types[fused]} node {index.nodes[fused].name!r} "
+                                       f"(rule {rule}, translating FX node {user.name!r})")
+                break

@@ -228,14 +228,20 @@ class LockstepRun:
         p = self.p
         rec = self._record(fx_name, None, R.KIND_NODE)
         rec.status = R.ONE_SIDED
+        same = p.alignment.duplicate_of.get(fx_name)
         if fx_name in p.folded_into:
             rec.comment = f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
+        elif same in p.folded_into:
+            rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
+                           f"initializer {p.folded_into[same]!r}")
         elif fx_name in p.alignment.absorbed:
             rec.comment = (f"no ONNX value: the fused {p.alignment.absorbed[fx_name]} node took in the end of "
                            "its computation (its ONNX nodes hand out only a partial value)")
         elif fx_name in p.alignment.fx_group:
             ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
             rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
+        elif fx_name in p.alignment.fused_into:
+            rec.comment = f"no ONNX value: the ONNX optimizer fused it into {p.alignment.fused_into[fx_name]}"
         elif fx_name in p.fx_dead:
             rec.comment = "no ONNX value: no output depends on it (the exporter writes no node for it)"
         else:

@@ -222,10 +222,14 @@ class Prepared:
                 pair = pairs[fx_name]
                 more = aliases.get(o)
                 if more:
-                    more = tuple((a, self.record_fields(a, o, R.KIND_NODE, "", _ALIAS_COMMENT)) for a in more)
+                    more = tuple((a, self.record_fields(a, o, R.KIND_NODE, "", self._alias_comment(a))) for a in more)
                 plan.append((o, fx_name, self.record_fields(fx_name, o, pair.kind, pair.how), more or ()))
         self._segment_records[key] = plan
         return plan
+
+    def _alias_comment(self, fx_name: str) -> str:
+        source = self.alignment.duplicate_of.get(fx_name)
+        return _ALIAS_COMMENT if source is None else _DUPLICATE_COMMENT.format(source)
 
     def weight_records(self) -> list[tuple[tuple, str, str | None]]:
         """Per weight, worked out once: (record fields, FX placeholder, ONNX initializer to compare
@@ -265,7 +269,7 @@ class Prepared:
             module = info.module if info is not None else ""
         onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
         if comment is None:
-            comment = _MATCHED_BY.get(how, "")
+            comment = self._alias_comment(fx_name) if how == "duplicate" else _MATCHED_BY.get(how, "")
         if info is not None:
             fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
                       None, None, None, None, None, None, None, None, comment, None, R.OK,
@@ -469,5 +473,7 @@ def _onnx_bytes(vt) -> int:
 _EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f in ("ep_target", "onnx_op_type",
                                                                                  "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
+_DUPLICATE_COMMENT = ("same op on the same inputs as FX node {!r}: the ONNX optimizer merged them "
+                      "(common subexpression elimination); compared with that node's twin")
 _MATCHED_BY = {**{how: f"matched by {how}" for how in ("metadata", "folded", "consumer")},
                "fused": "matched by name: an output of a node fused from several"}

@@ -24,6 +24,7 @@ class Summary:
     coverable: int = 0
     uncovered: list = field(default_factory=list)
     folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
+    fused: int = 0                         # uncovered because fused into a rewritten node: absent too
     worst: Record | None = None
     first_beyond: Record | None = None
     no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
@@ -31,8 +32,9 @@ class Summary:
 
     @property
     def coverage_of_present(self) -> float | None:
-        """Coverage of the nodes whose value exists in the ONNX graph (not constant-folded)."""
-        denominator = self.coverable - self.folded
+        """Coverage of the nodes whose value exists in the ONNX graph (neither constant-folded nor
+        fused into a node the optimizer rewrote)."""
+        denominator = self.coverable - self.folded - self.fused
         return self.covered / denominator if denominator > 0 else None
 
     def lines(self) -> list[str]:
@@ -40,8 +42,9 @@ class Summary:
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
         if self.coverage is not None:
             out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
-                       f"call_function nodes ({self.covered}); {self.folded} more were constant-folded by the "
-                       f"ONNX optimizer (no ONNX value to compare)")
+                       f"call_function nodes ({self.covered}); {self.folded} more were constant-folded and "
+                       f"{self.fused} fused into rewritten nodes by the ONNX optimizer (no ONNX value to "
+                       "compare)")
         if self.worst is not None:
             w = self.worst
             out.append(f"worst pair: {w.ep_name} / {w.onnx_name} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
@@ -96,7 +99,16 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         s.covered, s.coverable, s.uncovered = coverage(records, prepared)
         s.coverage = s.covered / s.coverable if s.coverable else None
         folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}
-        s.folded = sum(1 for n in s.uncovered if n in folded_fx or _holder_name(prepared, n) in folded_fx)
+        folded_into = prepared.index.folded_into()
+        folded_fx |= {w.placeholder for w in prepared.alignment.weights if w.onnx_name is None and w.key in folded_into}
+        fused_fx = prepared.alignment.fused_into
+        holder = value_holder(prepared)
+        for n in s.uncovered:
+            held_by = holder(n)
+            if n in folded_fx or held_by in folded_fx:
+                s.folded += 1
+            elif n in fused_fx or held_by in fused_fx:
+                s.fused += 1
     return s
 
 
@@ -105,12 +117,19 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
     the ONNXProgram). A user node is covered when the last decomposed node coming from it, the one that
     holds its value, was compared. Dead nodes (no path to an output) are not counted."""
     compared = {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_NODE, R.KIND_OUTPUT)}
+    if prepared.user_ep is not None:
+        compared |= {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_INPUT, R.KIND_WEIGHT)}
+    holder = value_holder(prepared)
+    names = coverable_nodes(prepared.user_ep if prepared.user_ep is not None else prepared.decomposed_ep)
+    hit = [n for n in names if holder(n) in compared]
+    return len(hit), len(names), [n for n in names if holder(n) not in compared]
+
+
+def value_holder(prepared):
+    """Function: user program node -> the decomposed node (or placeholder) holding its value; the
+    identity when the user handed over the decomposed program."""
     if prepared.user_ep is None:
-        names = coverable_nodes(prepared.decomposed_ep)
-        hit = [n for n in names if n in compared]
-        return len(hit), len(names), [n for n in names if n not in compared]
-    compared |= {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_INPUT, R.KIND_WEIGHT)}
-    names = coverable_nodes(prepared.user_ep)
+        return lambda name: name
     representative: dict[str, str] = {}
     for info in prepared.alignment.fx_nodes:
         if info.op == "call_function" and info.is_tensor and info.origin is not None:
@@ -119,8 +138,8 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
     placeholders = {n.name for n in prepared.user_ep.graph.nodes if n.op == "placeholder"}
 
     def holder(name: str, depth: int = 0) -> str | None:
-        """The decomposed node holding the user node's value. Decomposition drops no-op nodes
-        (``to`` the same dtype, ``alias``...): their value is their input's."""
+        """Decomposition drops no-op nodes (``to`` the same dtype, ``alias``...): their value is
+        their input's."""
         if name in representative or depth > 50:
             return representative.get(name)
         if name in placeholders:
@@ -130,13 +149,4 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
             return None
         return holder(node.args[0].name, depth + 1)
 
-    hit = [n for n in names if holder(n) in compared]
-    return len(hit), len(names), [n for n in names if holder(n) not in compared]
-
-
-def _holder_name(prepared, user_node: str) -> str | None:
-    last = None
-    for info in prepared.alignment.fx_nodes:
-        if info.op == "call_function" and info.origin == user_node:
-            last = info.name
-    return last
+    return holder

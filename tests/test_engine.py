@@ -24,6 +24,8 @@ def test_correct_export_has_no_false_alarm(optimize):
     assert s.by_status.get("error", 0) == 0
     assert s.n_compared > 30
     assert s.coverage >= (0.95 if not optimize else 0.8)
+    # every FX value that still exists in the ONNX graph is compared; the others say why they do not
+    assert s.coverage_of_present == 1.0, s.uncovered
     kinds = {r.kind for r in records}
     assert kinds == {"input", "weight", "node", "output"}
     out = [r for r in records if r.kind == "output"]
@@ -155,6 +157,66 @@ def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_it
     cast = next(r for r in records if r.ep_name == "type_as")
     assert cast.status == "ok" and "no-op removed" in cast.comment
     assert summarize(records, p).coverage == 1.0
+
+
+def test_duplicates_merged_by_the_optimizer_are_compared_with_the_kept_twin():
+    """The same op on the same inputs twice (rotary cos/sin unsqueezed once per layer in LLaMA): the
+    optimizer keeps one ONNX value, the twin of both FX nodes, whether computed or constant-folded."""
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("freq", torch.arange(8.0))
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x)
+            a, b = torch.sin(h).unsqueeze(1), torch.sin(h).unsqueeze(1)
+            c, d = self.freq.cos().unsqueeze(0), self.freq.cos().unsqueeze(0)
+            return a * 2 + c, b * x.unsqueeze(1) + d
+
+    x = torch.randn(2, 8)
+    ep, prog = export_module(Twice(), (x,), optimize=True)
+    assert sum(n.op_type == "Sin" for n in prog.model_proto.graph.node) == 1  # merged
+    p = prepare(ep, prog.model_proto)
+    by_fx = {r.ep_name: r for r in p.run((x,), {}) if r.kind == "node"}
+    # computed twin: the second sin and its unsqueeze are compared with the kept ONNX values
+    assert by_fx["sin_1"].onnx_name == by_fx["sin"].onnx_name == "sin"
+    assert by_fx["sin_1"].status == "ok" and "FX node 'sin'" in by_fx["sin_1"].comment
+    assert by_fx["unsqueeze_1"].onnx_name == by_fx["unsqueeze"].onnx_name
+    # constant-folded twin: the second unsqueeze of the buffer is compared with the same initializer
+    folded = by_fx["unsqueeze_2"].onnx_name
+    assert folded in {i.name for i in prog.model_proto.graph.initializer}
+    assert by_fx["unsqueeze_3"].onnx_name == folded and by_fx["unsqueeze_3"].status == "ok"
+    assert by_fx["unsqueeze_3"].err_abs == by_fx["unsqueeze_2"].err_abs < 1e-6
+    # the second cos vanished with the first: said so
+    assert by_fx["cos_1"].status == "one-sided" and "FX node 'cos'" in by_fx["cos_1"].comment
+    s = summarize(list(p.run((x,), {})), p)
+    assert s.coverage_of_present == 1.0 and s.folded == 2, (s.uncovered, s.folded)
+
+
+def test_a_value_fused_into_the_rewritten_node_of_its_consumer_says_so():
+    """FuseBatchNormIntoConv makes one Conv of conv + batch norm: the convolution's own value is gone.
+    Its record names the fused node and the rule; coverage counts it as absent from the ONNX graph."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    with torch.no_grad():
+        for bn in (model[1], model[4]):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 12, 12)
+    ep, prog = export_module(model, (x,), optimize=True)
+    assert [n.op_type for n in prog.model_proto.graph.node] == ["Conv", "Relu", "Conv"]
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    convs = [r for r in records if r.kind == "node" and r.ep_target == "aten.conv2d.default"]
+    assert len(convs) == 2
+    for r in convs:
+        assert r.status == "one-sided"
+        assert "fused it into Conv node" in r.comment and "FuseBatchNormIntoConv" in r.comment, r.comment
+    assert not any(r.status in ("mismatch", "error") for r in records)
+    s = summarize(records, p)
+    assert s.fused == 2 and s.coverage_of_present == 1.0, (s.uncovered, s.fused)
+    assert "2 fused into rewritten nodes" in "\n".join(s.lines())
 
 
 def _compared_after_ort_fusions(module_class, fused_op: str) -> list:
