@@ -13,8 +13,8 @@ trust:
 5. aliases: a no-op the optimizer removed holds its input's twin; a duplicate (same op on the same
    inputs as an earlier node, merged by the optimizer's common subexpression elimination) holds the
    earlier node's twin.
-FX values left without a twin are explained: constant-folded, absorbed, or fused into the rewritten
-translation of a consumer (``fused_into``).
+FX values left without a twin are explained: constant-folded, absorbed, fused into the rewritten
+translation of a consumer (``fused_into``), or empty.
 Every candidate must agree in dtype and shape with the FX node's ``meta["val"]``: a name alone is never
 trusted (names collide across programs, see the field notes).
 Inputs and outputs map by position; weights by state-dict key / ``original_node_name``.
@@ -97,6 +97,7 @@ class Alignment:
     duplicate_of: dict[str, str] = field(default_factory=dict)  # FX node -> earlier FX node computing the same
     # (only for FX nodes without a twin of their own)
     fused_into: dict[str, str] = field(default_factory=dict)  # FX node without twin -> the fused ONNX node, in words
+    empty: set = field(default_factory=set)  # FX values of 0 elements without twin (the optimizer drops them)
     fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
 
 
@@ -491,10 +492,16 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             take(node.name, candidates[0], "consumer")
     # 5. no-op nodes the optimizer removed: same value as their input's twin.
     for node in nodes:
-        if node.op != "call_function" or node.name in al.pairs or target_name(node.target) not in _VALUE_PRESERVING:
+        if node.op != "call_function" or node.name in al.pairs:
+            continue
+        op = target_name(node.target)
+        if op == "aten.cat.default":
+            src = _only_non_empty(node)  # a concat with empty pieces (a rotary part of width 0)
+        elif op in _VALUE_PRESERVING:
+            src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        else:
             continue
         val = node.meta.get("val")
-        src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
         src_val = src.meta.get("val") if src is not None else None
         if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)):
             continue
@@ -506,8 +513,16 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         al.alias_of[node.name] = target
         al.aliases.setdefault(target, []).append(node.name)
     _pair_duplicates(nodes, al, index)
-    _find_fused_into(nodes, al, index)
+    _explain_values_without_twin(nodes, al, index)
     return al
+
+
+def _only_non_empty(cat: torch.fx.Node) -> torch.fx.Node | None:
+    """The one piece of a concatenation that is not empty, if the others all are."""
+    pieces = cat.args[0] if cat.args and isinstance(cat.args[0], (list, tuple)) else ()
+    kept = [x for x in pieces if not (isinstance(x, torch.fx.Node) and isinstance(x.meta.get("val"), torch.Tensor)
+                                      and _numel(x.meta["val"]) == 0)]
+    return kept[0] if len(kept) == 1 and len(pieces) > 1 and isinstance(kept[0], torch.fx.Node) else None
 
 
 def _duplicate_key(node: torch.fx.Node, canonical: dict):
@@ -574,19 +589,40 @@ def _pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex
             al.pairs[name] = Pair(name, twin, "duplicate")
 
 
-def _find_fused_into(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
-    """FX nodes without a twin whose consumer's translation was rewritten by a fusion rule
-    (FuseBatchNormIntoConv makes one Conv of conv + batch norm; TransposeTranspose one Transpose of
-    two): the fused node took their value in, so it no longer exists in the ONNX graph."""
-    for node in nodes:
+def _explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
+    """FX nodes without a twin whose value flows, through nodes without twins, into the translation
+    of a node a rewrite rule made (FuseBatchNormIntoConv makes one Conv of conv + batch norm,
+    onnxruntime's fusions one SkipLayerNormalization of a residual add and an RMS norm): the fused node
+    took their value in, so it no longer exists in the ONNX graph. Also empty values without twin (the
+    optimizer drops them: nothing to compare). One pass from the end."""
+    into: dict[str, str] = {}  # FX node -> the fused node its value flows into, in words
+    for node in reversed(nodes):
         name = node.name
-        if node.op != "call_function" or name in al.pairs or name in al.alias_of or name in al.absorbed \
-                or not isinstance(node.meta.get("val"), torch.Tensor):
+        if node.op != "call_function" or name in al.pairs or name in al.alias_of:
             continue
         for user in node.users:
             fused = next((i for i in al.fx_group.get(user.name, []) if index.is_rewritten(i)), None)
+            if fused is None and user.name in al.pairs:  # a fused node handing out the user's value
+                producer = index.producer.get(al.pairs[user.name].onnx_value)
+                fused = producer if producer is not None and index.is_rewritten(producer) else None
             if fused is not None:
                 rule = index.node_meta(fused, "pkg.onnxscript.rewriter.rule_name")
-                al.fused_into[name] = (f"{index.op_types[fused]} node {index.nodes[fused].name!r} "
-                                       f"(rule {rule}, translating FX node {user.name!r})")
+                into[name] = (f"{index.op_types[fused]} node {index.nodes[fused].name!r} "
+                              f"(rule {rule}, translating FX node {user.name!r})")
                 break
+            if user.name in into:
+                into[name] = into[user.name]
+                break
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        if name in into and name not in al.absorbed:
+            al.fused_into[name] = into[name]
+        elif _numel(val) == 0:
+            al.empty.add(name)
+
+
+def _numel(val: torch.Tensor) -> int | None:
+    """Element count, None when symbolic (dynamic shapes: not known to be empty)."""
+    n = val.numel()
+    return n if isinstance(n, int) else None

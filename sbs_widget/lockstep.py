@@ -242,6 +242,8 @@ class LockstepRun:
             rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
         elif fx_name in p.alignment.fused_into:
             rec.comment = f"no ONNX value: the ONNX optimizer fused it into {p.alignment.fused_into[fx_name]}"
+        elif fx_name in p.alignment.empty:
+            rec.comment = "no ONNX value: empty (0 elements), dropped by the ONNX optimizer"
         elif fx_name in p.fx_dead:
             rec.comment = "no ONNX value: no output depends on it (the exporter writes no node for it)"
         else:

@@ -25,6 +25,7 @@ class Summary:
     uncovered: list = field(default_factory=list)
     folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
     fused: int = 0                         # uncovered because fused into a rewritten node: absent too
+                                           # (taken in whole, or its end: ``Alignment.absorbed``; or empty)
     worst: Record | None = None
     first_beyond: Record | None = None
     no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
@@ -101,7 +102,8 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}
         folded_into = prepared.index.folded_into()
         folded_fx |= {w.placeholder for w in prepared.alignment.weights if w.onnx_name is None and w.key in folded_into}
-        fused_fx = prepared.alignment.fused_into
+        al = prepared.alignment
+        fused_fx = al.fused_into.keys() | al.absorbed.keys() | al.empty  # (an empty value: nothing to compare)
         holder = value_holder(prepared)
         for n in s.uncovered:
             held_by = holder(n)

@@ -194,6 +194,29 @@ def test_duplicates_merged_by_the_optimizer_are_compared_with_the_kept_twin():
     assert s.coverage_of_present == 1.0 and s.folded == 2, (s.uncovered, s.folded)
 
 
+def test_a_concat_with_empty_pieces_is_compared_through_the_other_piece():
+    """A rotary embedding over the whole head leaves an empty "pass-through" slice (Phi-3's partial
+    rotary at factor 1): the optimizer drops it and the concat. The concat's value is the other
+    piece's twin; the empty slice has nothing to compare and says so."""
+    class PartialRotary(torch.nn.Module):
+        def forward(self, x):
+            h = x * 2
+            rot, rest = h[..., :8], h[..., 8:]
+            return torch.cat([rot.neg(), rest], dim=-1) + 1
+
+    x = torch.randn(2, 4, 8)
+    ep, prog = export_module(PartialRotary(), (x,), optimize=True)
+    assert "Concat" not in {n.op_type for n in prog.model_proto.graph.node}
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    by_fx = {r.ep_name: r for r in records if r.kind == "node"}
+    assert by_fx["cat"].status == "ok" and by_fx["cat"].onnx_name == by_fx["neg"].onnx_name
+    empty = [r for r in by_fx.values() if r.ep_shape_type == "T1s2x4x0"]
+    assert empty and all(r.status == "one-sided" and "empty" in r.comment for r in empty), by_fx
+    s = summarize(records, p)
+    assert s.coverage_of_present == 1.0, s.uncovered
+
+
 def test_a_value_fused_into_the_rewritten_node_of_its_consumer_says_so():
     """FuseBatchNormIntoConv makes one Conv of conv + batch norm: the convolution's own value is gone.
     Its record names the fused node and the rule; coverage counts it as absent from the ONNX graph."""
@@ -219,10 +242,10 @@ def test_a_value_fused_into_the_rewritten_node_of_its_consumer_says_so():
     assert "2 fused into rewritten nodes" in "\n".join(s.lines())
 
 
-def _compared_after_ort_fusions(module_class, fused_op: str) -> list:
-    """Records of a seeded ``module_class()`` (on a random (2, 5, 16) input) against its optimized
-    export rewritten by onnxruntime's fusions, which must have made a ``fused_op`` node; none beyond
-    tolerance."""
+def _compared_after_ort_fusions(module_class, fused_op: str):
+    """Records and summary of a seeded ``module_class()`` (on a random (2, 5, 16) input) against its
+    optimized export rewritten by onnxruntime's fusions, which must have made a ``fused_op`` node;
+    none beyond tolerance."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16)
     ep, prog = export_module(module_class(), (x,), optimize=True)
@@ -230,8 +253,9 @@ def _compared_after_ort_fusions(module_class, fused_op: str) -> list:
     assert any(n.op_type == fused_op for n in fused.graph.node)
     p = prepare(ep, fused)
     records = list(p.run((x,), {}, node_local=True))
-    assert summarize(records, p).by_status.get("mismatch", 0) == 0
-    return records
+    s = summarize(records, p)
+    assert s.by_status.get("mismatch", 0) == 0
+    return records, s
 
 
 def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
@@ -262,13 +286,18 @@ def test_outputs_of_nodes_fused_for_onnxruntime_pair_by_name():
                 h = h + lin(norm(h))
             return h
 
-    records = _compared_after_ort_fusions(Blocks, "SkipSimplifiedLayerNormalization")
+    records, s = _compared_after_ort_fusions(Blocks, "SkipSimplifiedLayerNormalization")
     skip = [r for r in records if r.onnx_op_type == "SkipSimplifiedLayerNormalization" and r.ep_name]
     sums = [r for r in skip if r.ep_target == "aten.add.Tensor"]
     assert sums and all(r.ep_name == r.onnx_name and r.status == "ok" for r in sums)
     assert all("fused" in r.comment for r in sums)
     # run on torch's inputs, each fused node agrees with torch: it creates no error
     assert all(r.err_local is not None and r.err_local < 1e-4 for r in skip)
+    # the norms' inner values (pow, mean, rsqrt...) are gone: each says which fused node took it in
+    inner = [r for r in records if r.kind == "node" and r.ep_target in ("aten.pow.Tensor_Scalar", "aten.rsqrt.default")]
+    assert inner and all(r.status == "one-sided" and "SimplifiedLayerNormalization node" in r.comment
+                         for r in inner), [r.comment for r in inner]
+    assert s.coverage_of_present == 1.0, s.uncovered
 
 
 def test_a_node_whose_end_a_fusion_took_in_is_not_paired_with_its_partial_value():
@@ -285,11 +314,12 @@ def test_a_node_whose_end_a_fusion_took_in_is_not_paired_with_its_partial_value(
         def forward(self, x):
             return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
-    records = _compared_after_ort_fusions(Mlp, "BiasGelu")
+    records, s = _compared_after_ort_fusions(Mlp, "BiasGelu")
     fc1 = next(r for r in records if r.kind == "node" and r.ep_name == "linear")
     assert fc1.status == "one-sided" and "BiasGelu" in fc1.comment
     gelu = next(r for r in records if r.ep_name == "gelu")
     assert gelu.status == "ok" and gelu.onnx_op_type == "BiasGelu" and gelu.err_local < 1e-4
+    assert s.fused >= 1 and s.coverage_of_present == 1.0, s.uncovered  # the partial value is not counted
 
 
 def test_record_fields_and_dataframe():
