@@ -463,8 +463,10 @@ class LockstepRun:
         env, onnx_env, onnx_errors, fx_times = self.runner.env, self.onnx_env, self.onnx_errors, self.fx_times
         local = self._run_local(seg) if self.node_local else {}
         onnx_time = seconds / max(1, seg.end - seg.start)
-        records: list[tuple[Record, str | None, str | None]] = []  # (record, FX name, ONNX value) compared
+        # (record, FX node holding the torch value, ONNX value) compared
+        records: list[tuple[Record, str | None, str | None]] = []
         compares = []
+        duplicate_of = p.alignment.duplicate_of
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
             if fx_name is None:  # ONNX only
@@ -487,22 +489,24 @@ class LockstepRun:
             else:
                 compares.append((rec, env[fx_name], onnx_env[o]))
                 records.append((rec, fx_name, o))
-            for alias, alias_fields in aliases:  # FX no-ops removed by the optimizer
+            for alias, alias_fields in aliases:  # FX no-ops removed by the optimizer, duplicates it merged
                 rec = Record(*alias_fields)
                 rec.ep_time_run = fx_times.get(alias)
-                if alias not in env or o not in onnx_env:
+                # A duplicate's value is its twin's (same op, same inputs): measured with the twin's
+                # torch value, so that the FX side need not run ahead to it (it may be layers later).
+                holder = fx_name if alias in duplicate_of else alias
+                if holder not in env or o not in onnx_env:
                     records.append(_failed(rec, "value unavailable"))
                 else:
-                    compares.append((rec, env[alias], onnx_env[o]))
-                    records.append((rec, alias, o))
+                    compares.append((rec, env[holder], onnx_env[o]))
+                    records.append((rec, holder, o))
         self._compare_many(compares)
-        if local:
+        if local:  # (an alias's torch value is its twin's: the same node-local run measures it)
             self._local_errors([(rec, fx, o) for rec, fx, o in records
-                                if o in local and fx == p.alignment.onnx_to_fx.get(o) and rec.status != R.ERROR],
-                               local)
+                                if o in local and fx is not None and rec.status != R.ERROR], local)
         reset, exc = self.reset, self.exc
         for rec, fx_name, o in records:
-            if reset and o is not None and o in reset and fx_name == p.alignment.onnx_to_fx.get(o):
+            if reset and o is not None and o in reset and rec.ep_name == fx_name == p.alignment.onnx_to_fx.get(o):
                 try:
                     onnx_env[o] = self._to_feed(env[fx_name], o)
                     rec.status = R.RESET
@@ -679,6 +683,8 @@ def _release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) 
                         f = p.alignment.onnx_to_fx[a]
                         fx_release[f] = max(fx_release.get(f, -1), s)
     for fx_name, v in p.alignment.alias_of.items():
+        if fx_name in p.alignment.duplicate_of:
+            continue  # measured with its twin's torch value
         s = segment_of_node[idx.producer[v]]
         fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
         fx_need[s] = max(fx_need[s], p.fx_position[fx_name])

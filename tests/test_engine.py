@@ -192,6 +192,10 @@ def test_duplicates_merged_by_the_optimizer_are_compared_with_the_kept_twin():
     assert by_fx["cos_1"].status == "one-sided" and "FX node 'cos'" in by_fx["cos_1"].comment
     s = summarize(list(p.run((x,), {})), p)
     assert s.coverage_of_present == 1.0 and s.folded == 2, (s.uncovered, s.folded)
+    # node-local: the kept node run on torch's inputs measures the duplicate as it does the first
+    local = {r.ep_name: r for r in p.run((x,), {}, node_local=True) if r.kind == "node"}
+    for first, second in (("sin", "sin_1"), ("unsqueeze", "unsqueeze_1")):
+        assert local[second].err_local is not None and local[second].err_local == local[first].err_local
 
 
 def test_a_concat_with_empty_pieces_is_compared_through_the_other_piece():
@@ -619,6 +623,40 @@ def test_memory_values_are_freed_on_both_sides():
         peak_onnx = max(peak_onnx, len(run.onnx_env))
     total = len([n for n in p.fx_nodes if n.op == "call_function"])
     assert peak_fx < total / 2 and peak_onnx < len(p.index.nodes) / 2
+
+
+def test_a_duplicate_layers_later_does_not_make_the_fx_side_run_ahead():
+    """Each layer recomputes the same gate from the input (as LLaMA recomputes its rotary tables): the
+    optimizer keeps the first layer's. The later duplicates are measured with that twin's torch value,
+    so the FX side does not run ahead to them, holding every value in between."""
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(8))
+
+        def forward(self, x):
+            h = x
+            for lin in self.lins:
+                h = torch.relu(lin(h)) * torch.sigmoid(x)
+            return h
+
+    x = torch.randn(4, 16)
+    ep, prog = export_module(Gated(), (x,), optimize=True)
+    assert sum(n.op_type == "Sigmoid" for n in prog.model_proto.graph.node) == 1
+    p = prepare(ep, prog.model_proto)
+    from sbs_widget.fx_runner import flat_inputs
+    from sbs_widget.lockstep import LockstepRun
+    from sbs_widget.runtimes import get_runtime
+
+    run = LockstepRun(p, flat_inputs(p.decomposed_ep, (x,), {}), get_runtime(), 1e-4, 1e-4, set(), False,
+                      False, None, False, segment_nodes=4)
+    peak_fx, records = 0, []
+    for r in run.records():
+        records.append(r)
+        peak_fx = max(peak_fx, sum(1 for k in run.runner.env if not k.startswith(("p_", "b_", "c_"))))
+    gates = [r for r in records if r.ep_target == "aten.sigmoid.default"]
+    assert len(gates) == 8 and all(r.status == "ok" and r.onnx_name == gates[0].onnx_name for r in gates)
+    assert peak_fx < len([n for n in p.fx_nodes if n.op == "call_function"]) / 3, peak_fx
 
 
 @pytest.mark.parametrize("optimize", [False, True])  # True: folded, transposed weights
