@@ -554,17 +554,16 @@ def _pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex
     """A node doing what an earlier node does (same op, same inputs) holds the same value: the
     optimizer's common subexpression elimination keeps one ONNX value for both (the rotary cos/sin
     unsqueezed once per layer in LLaMA), so the twin of the first is the twin of the others."""
+    # Only ops some value without a twin has are looked at (a duplicate chain through other ops is
+    # not followed): this runs on every node of the program.
+    twinless = {id(n.target): n.target for n in nodes if n.op == "call_function" and n.name not in al.pairs
+                and n.name not in al.alias_of}
+    seeded = torch.Tag.nondeterministic_seeded  # random ops draw different numbers each time
+    wanted = {k for k, target in twinless.items() if seeded not in getattr(target, "tags", ())}
     first: dict = {}
     canonical: dict[torch.fx.Node, torch.fx.Node] = {}
-    seeded = torch.Tag.nondeterministic_seeded
-    random: dict[int, bool] = {}  # random ops draw different numbers each time
     for node in nodes:
-        if node.op != "call_function":
-            continue
-        target = id(node.target)
-        if target not in random:
-            random[target] = seeded in getattr(node.target, "tags", ())
-        if random[target]:
+        if node.op != "call_function" or id(node.target) not in wanted:
             continue
         try:
             key = _duplicate_key(node, canonical)
