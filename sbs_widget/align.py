@@ -550,6 +550,9 @@ def _frozen(x):
     return x
 
 
+_UNINITIALIZED = ("aten.empty", "aten.new_empty")  # two calls give two memories' garbage
+
+
 def _pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
     """A node doing what an earlier node does (same op, same inputs) holds the same value: the
     optimizer's common subexpression elimination keeps one ONNX value for both (the rotary cos/sin
@@ -559,7 +562,8 @@ def _pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex
     twinless = {id(n.target): n.target for n in nodes if n.op == "call_function" and n.name not in al.pairs
                 and n.name not in al.alias_of}
     seeded = torch.Tag.nondeterministic_seeded  # random ops draw different numbers each time
-    wanted = {k for k, target in twinless.items() if seeded not in getattr(target, "tags", ())}
+    wanted = {k for k, target in twinless.items() if seeded not in getattr(target, "tags", ())
+              and not target_name(target).startswith(_UNINITIALIZED)}
     first: dict = {}
     canonical: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in nodes:
