@@ -44,8 +44,8 @@ class Summary:
         if self.coverage is not None:
             out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
                        f"call_function nodes ({self.covered}); {self.folded} more were constant-folded and "
-                       f"{self.fused} fused into rewritten nodes by the ONNX optimizer (no ONNX value to "
-                       "compare)")
+                       f"{self.fused} fused into other nodes or dropped (empty) by the ONNX optimizer (no ONNX "
+                       "value to compare)")
         if self.worst is not None:
             w = self.worst
             out.append(f"worst pair: {w.ep_name} / {w.onnx_name} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
