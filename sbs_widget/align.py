@@ -527,8 +527,8 @@ def _only_non_empty(cat: torch.fx.Node) -> torch.fx.Node | None:
 
 def _duplicate_key(node: torch.fx.Node, canonical: dict):
     """What makes two FX nodes compute the same value: op and arguments, each input node replaced by
-    its canonical node (the first computing its value); None when an argument cannot be compared.
-    The plain tuple is tried first: most nodes hash as they are (this runs on every node)."""
+    its canonical node (the first computing its value). Raises TypeError when an argument cannot be
+    hashed. The plain tuple is tried first: most nodes hash as they are."""
     args, kwargs = node.args, node.kwargs
     if canonical and not canonical.keys().isdisjoint(node.all_input_nodes):
         args = torch.fx.node.map_arg(args, lambda x: canonical.get(x, x))
@@ -609,9 +609,8 @@ def _explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, inde
                 producer = index.producer.get(al.pairs[user.name].onnx_value)
                 fused = producer if producer is not None and index.is_rewritten(producer) else None
             if fused is not None:
-                rule = index.node_meta(fused, "pkg.onnxscript.rewriter.rule_name")
                 into[name] = (f"{index.op_types[fused]} node {index.nodes[fused].name!r} "
-                              f"(rule {rule}, translating FX node {user.name!r})")
+                              f"(rule {index.rewrite_rule(fused)}, translating FX node {user.name!r})")
                 break
             if user.name in into:
                 into[name] = into[user.name]

@@ -241,13 +241,17 @@ class OnnxIndex:
                 return prop.value
         return None
 
-    def is_rewritten(self, i: int) -> bool:
-        """Whether node ``i`` was made by an onnxscript rewrite rule (a fusion such as BiasGelu): its
-        inputs need not be the inputs of the FX node its metadata names."""
+    def rewrite_rule(self, i: int) -> str | None:
+        """The onnxscript rewrite rule(s) that made node ``i`` (a fusion such as BiasGelu), or None."""
         cache = self.__dict__.setdefault("_rewritten", {})
         if i not in cache:
-            cache[i] = self.node_meta(i, _RULE_KEY) is not None
+            cache[i] = self.node_meta(i, _RULE_KEY)
         return cache[i]
+
+    def is_rewritten(self, i: int) -> bool:
+        """Whether node ``i`` was made by a rewrite rule: its inputs need not be the inputs of the FX
+        node its metadata names."""
+        return self.rewrite_rule(i) is not None
 
     def folded_from(self, value: str) -> list[str]:
         """Values a constant-folded initializer was computed from (onnxscript's metadata)."""
