@@ -12,6 +12,7 @@ torch.export.export returns) and report:
 
     python benchmarks/alignment_quality.py [--models llama,gpt2,bert,vit,resnet]
     python benchmarks/alignment_quality.py --models gemma,mistral,phi3,gpt_neox,distilbert,mobilevit
+    python benchmarks/alignment_quality.py --models qwen2,roberta,deberta,bart,clip_vision,convnext
     python benchmarks/alignment_quality.py --ort-fusions   # also optimize=True + onnxruntime's fusions
     python benchmarks/alignment_quality.py --dtype float16 --models llama,gpt2,bert,vit,mlp,convnet,resnet
 

@@ -98,6 +98,10 @@ class Alignment:
     # (only for FX nodes without a twin of their own)
     fused_into: dict[str, str] = field(default_factory=dict)  # FX node without twin -> the fused ONNX node, in words
     empty: set = field(default_factory=set)  # FX values of 0 elements without twin (the optimizer drops them)
+    shares_constant_of: dict[str, str] = field(default_factory=dict)  # FX node -> FX node whose equal
+    # constant the optimizer kept for both (its twin is that node's folded initializer)
+    folded_for: dict[str, str] = field(default_factory=dict)  # FX node without twin -> the constant-folded
+    # FX node its value only feeds (their computation became one initializer)
     fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
 
 
@@ -110,6 +114,16 @@ _VALUE_PRESERVING = {
     "aten.clone", "aten.copy.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default",
     # casts the exporter keeps as they are; a no-op only when dtype and shape do not change (checked)
     "aten.type_as.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device",
+    "aten.detach_.default",
+}
+
+# Arithmetic with its neutral number (x + 0, x * 1.0: RoBERTa's position offset, BART's embedding
+# scale when it is 1): the optimizer removes it, the value is the other operand's.
+# op -> (neutral number, whether the operands commute)
+_ARITHMETIC_IDENTITY = {
+    "aten.add.Tensor": (0, True), "aten.add.Scalar": (0, True), "aten.sub.Tensor": (0, False),
+    "aten.sub.Scalar": (0, False), "aten.mul.Tensor": (1, True), "aten.mul.Scalar": (1, True),
+    "aten.div.Tensor": (1, False), "aten.div.Scalar": (1, False),
 }
 
 
@@ -490,6 +504,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             take(node.name, folded[0], "folded")
         elif len(candidates) == 1:
             take(node.name, candidates[0], "consumer")
+    _pair_shared_constants(nodes, al, index, shape_matches, by_name)
     # 5. no-op nodes the optimizer removed: same value as their input's twin.
     for node in nodes:
         if node.op != "call_function" or node.name in al.pairs:
@@ -499,6 +514,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             src = _only_non_empty(node)  # a concat with empty pieces (a rotary part of width 0)
         elif op in _VALUE_PRESERVING:
             src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        elif op in _ARITHMETIC_IDENTITY:
+            src = _identity_operand(node, *_ARITHMETIC_IDENTITY[op])
         else:
             continue
         val = node.meta.get("val")
@@ -513,8 +530,81 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         al.alias_of[node.name] = target
         al.aliases.setdefault(target, []).append(node.name)
     _pair_duplicates(nodes, al, index)
+    for node in reversed(nodes):  # (a chain is walked from its end)
+        pair = al.pairs.get(node.name)
+        if pair is not None and pair.kind == "node" and pair.onnx_value in index.initializers:
+            _mark_folded_for(node, al)
     _explain_values_without_twin(nodes, al, index)
     return al
+
+
+def _identity_operand(node: torch.fx.Node, neutral: int, commutative: bool) -> torch.fx.Node | None:
+    """The operand ``node`` hands out unchanged when the other is the op's neutral number."""
+    a, b = (tuple(node.args) + (None, None))[:2]
+    if isinstance(a, torch.fx.Node) and _is_number(b, neutral):
+        return a
+    if commutative and isinstance(b, torch.fx.Node) and _is_number(a, neutral) and node.kwargs.get("alpha", 1) == 1:
+        return b
+    return None
+
+
+def _is_number(x, value) -> bool:
+    """Whether ``x`` is the number ``value``, or a node making a 0-d tensor of it (decomposition
+    turns ``x + 0`` into ``x + scalar_tensor(0)``)."""
+    if isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target is torch.ops.aten.scalar_tensor.default:
+        x = x.args[0] if x.args else None
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == value
+
+
+def _pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex, shape_matches,
+                           by_name: dict[str, torch.fx.Node]) -> None:
+    """A value without twin that its consumer's translation reads as a constant-folded initializer
+    already paired with another FX node: the optimizer folded both constants (DeBERTa's per-layer
+    attention scale) and kept one initializer for the equal results. Paired with that initializer
+    (a wrong merge then shows as a mismatch).
+    Only when it is the one input of its consumer without a twin, and the only such initializer."""
+    for node, info in zip(nodes, al.fx_nodes):
+        val = node.meta.get("val")
+        if node.op != "call_function" or node.name in al.pairs or node.name in al.alias_of \
+                or not isinstance(val, torch.Tensor):
+            continue
+        found: set[tuple[str, str]] = set()
+        for user in node.users:
+            inputs = user.all_input_nodes
+            if any(x is not node and x.name not in al.pairs and x.name not in al.alias_of
+                   and isinstance(x.meta.get("val"), torch.Tensor) for x in inputs):
+                found.add(("", ""))  # another input without twin could be the one read
+                break
+            names = {x.name for x in inputs}
+            for i in al.fx_group.get(user.name, []):
+                if index.is_rewritten(i):
+                    continue
+                for x in index.node_inputs[i]:
+                    other = al.onnx_to_fx.get(x)
+                    if other is None or other in names or x not in index.initializers or not index.folded_from(x):
+                        continue
+                    other_val = by_name[other].meta.get("val") if other in by_name else None
+                    if isinstance(other_val, torch.Tensor) and other_val.dtype == val.dtype \
+                            and other_val.shape == val.shape and shape_matches(val, index.types.get(x), info.shape_type):
+                        found.add((x, other))
+        if len(found) != 1 or ("", "") in found:
+            continue
+        (value, other), = found
+        al.pairs[node.name] = Pair(node.name, value, "shared")
+        al.shares_constant_of[node.name] = other
+
+
+def _mark_folded_for(node: torch.fx.Node, al: Alignment) -> None:
+    """The FX nodes without twin whose value only goes into ``node`` (paired with a constant-folded
+    initializer), directly or through one another: the optimizer folded them into it."""
+    todo = [node]
+    while todo:
+        for x in todo.pop().all_input_nodes:
+            if x.op != "call_function" or x.name in al.pairs or x.name in al.alias_of or x.name in al.folded_for:
+                continue
+            if all(u is node or al.folded_for.get(u.name) == node.name for u in x.users):
+                al.folded_for[x.name] = node.name
+                todo.append(x)
 
 
 def _only_non_empty(cat: torch.fx.Node) -> torch.fx.Node | None:

@@ -234,6 +234,9 @@ class LockstepRun:
         elif same in p.folded_into:
             rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
                            f"initializer {p.folded_into[same]!r}")
+        elif fx_name in p.alignment.folded_for:
+            rec.comment = (f"no ONNX value: constant-folded into the initializer of FX node "
+                           f"{p.alignment.folded_for[fx_name]!r} (its value only goes there)")
         elif fx_name in p.alignment.absorbed:
             rec.comment = (f"no ONNX value: the fused {p.alignment.absorbed[fx_name]} node took in the end of "
                            "its computation (its ONNX nodes hand out only a partial value)")

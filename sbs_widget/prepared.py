@@ -269,7 +269,9 @@ class Prepared:
             module = info.module if info is not None else ""
         onnx_shape = index.describe(onnx_name) if onnx_name is not None else None
         if comment is None:
-            comment = self._alias_comment(fx_name) if how == "duplicate" else _MATCHED_BY.get(how, "")
+            comment = self._alias_comment(fx_name) if how == "duplicate" else \
+                _SHARED_COMMENT.format(self.alignment.shares_constant_of[fx_name]) if how == "shared" else \
+                _MATCHED_BY.get(how, "")
         if info is not None:
             fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
                       None, None, None, None, None, None, None, None, comment, None, R.OK,
@@ -475,5 +477,7 @@ _EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f i
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
 _DUPLICATE_COMMENT = ("same op on the same inputs as FX node {!r}: the ONNX optimizer merged them "
                       "(common subexpression elimination); compared with that node's twin")
+_SHARED_COMMENT = ("equal to the constant of FX node {!r}: the ONNX optimizer folded both and kept one "
+                  "initializer; compared with it")
 _MATCHED_BY = {**{how: f"matched by {how}" for how in ("metadata", "folded", "consumer")},
                "fused": "matched by name: an output of a node fused from several"}

@@ -120,6 +120,55 @@ def mobilevit(batch: int = 1, image: int = 32, seed: int = 0):
     return MobileViTModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
 
 
+def qwen2(seq: int = 16, batch: int = 2, seed: int = 0):
+    return _causal_lm("Qwen2Config", "Qwen2ForCausalLM", seq, batch, seed, num_key_value_heads=2, **_SMALL_DECODER)
+
+
+def roberta(seq: int = 12, batch: int = 2, seed: int = 0):  # positions counted from the padding index
+    from transformers import RobertaConfig, RobertaModel
+
+    _seed(seed)
+    cfg = RobertaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64)
+    return RobertaModel(cfg).eval(), (torch.randint(3, 1000, (batch, seq)),), {}
+
+
+def deberta(seq: int = 12, batch: int = 2, seed: int = 0):  # relative positions, a scale per layer
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    _seed(seed)
+    cfg = DebertaV2Config(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=64)
+    return DebertaV2Model(cfg).eval(), (torch.randint(3, 1000, (batch, seq)),), {}
+
+
+def bart(seq: int = 12, batch: int = 2, seed: int = 0):  # encoder-decoder
+    from transformers import BartConfig, BartModel
+
+    _seed(seed)
+    cfg = BartConfig(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, use_cache=False,
+                     max_position_embeddings=128)
+    return BartModel(cfg).eval(), (torch.randint(0, 1000, (batch, seq)),), {}
+
+
+def clip_vision(batch: int = 2, image: int = 32, seed: int = 0):
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    _seed(seed)
+    cfg = CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=image, patch_size=8)
+    return CLIPVisionModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
+
+
+def convnext(batch: int = 2, image: int = 32, seed: int = 0):
+    from transformers import ConvNextConfig, ConvNextModel
+
+    _seed(seed)
+    cfg = ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=image)
+    return ConvNextModel(cfg).eval(), (torch.randn(batch, 3, image, image),), {}
+
+
 class MLP(torch.nn.Module):
     def __init__(self, dims=(32, 64, 64, 16)):
         super().__init__()
@@ -194,7 +243,8 @@ BUILDERS = {
     "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet,
     # more families, for benchmarks/alignment_quality.py --models ...
     "gemma": gemma, "mistral": mistral, "phi3": phi3, "gpt_neox": gpt_neox, "distilbert": distilbert,
-    "mobilevit": mobilevit, "falcon": falcon, "lstm": lstm,
+    "mobilevit": mobilevit, "falcon": falcon, "lstm": lstm, "qwen2": qwen2, "roberta": roberta,
+    "deberta": deberta, "bart": bart, "clip_vision": clip_vision, "convnext": convnext,
 }
 
 

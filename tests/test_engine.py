@@ -159,6 +159,67 @@ def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_it
     assert summarize(records, p).coverage == 1.0
 
 
+def test_arithmetic_with_a_neutral_number_removed_by_the_optimizer_is_compared_through_its_operand():
+    """``x + 0`` (RoBERTa's position offset, which decomposition turns into ``x + scalar_tensor(0)``)
+    and ``x * 1.0`` (BART's embedding scale when it is 1): the optimizer drops them; their value is
+    the other operand's, compared through its twin."""
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 8)
+
+        def forward(self, ids):
+            mask = ids.ne(1).int()
+            pos = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask
+            return self.emb(pos.long() + 1) * 1.0
+
+    ids = torch.randint(0, 10, (2, 6))
+    ep, prog = export_module(Positions(), (ids,), optimize=True)
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((ids,), {}))
+    by_fx = {r.ep_name: r for r in records if r.kind == "node"}
+    for name, operand in (("add", "type_as"), ("mul_1", "embedding")):
+        assert by_fx[name].status == "ok" and "no-op removed" in by_fx[name].comment, by_fx[name]
+        assert by_fx[name].onnx_name == by_fx[operand].onnx_name
+    assert by_fx["add_1"].comment == ""  # + 1 is not neutral: its own twin
+    assert summarize(records, p).coverage == 1.0
+
+
+def test_a_constant_the_optimizer_merged_with_an_equal_one_is_compared_with_the_kept_initializer():
+    """Each layer computes the same constant (DeBERTa's attention scale, sqrt of a tensor made in
+    forward): the optimizer folds each and keeps one initializer for both. The second layer's value
+    is compared with it (a wrong merge would show), and the nodes computing it are constant-folded."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, x):
+            for lin in self.layers:
+                x = lin(x) / torch.sqrt(torch.tensor(16.0) * 1)
+            return x
+
+    x = torch.randn(2, 8)
+    ep, prog = export_module(Scaled(), (x,), optimize=True)
+    assert [i.name for i in prog.model_proto.graph.initializer if not i.name.startswith("layers")] == ["sqrt"]
+    p = prepare(ep, prog.model_proto)
+    records = list(p.run((x,), {}))
+    by_fx = {r.ep_name: r for r in records if r.kind == "node"}
+    assert by_fx["sqrt_1"].onnx_name == "sqrt" and by_fx["sqrt_1"].status == "ok"
+    assert "FX node 'sqrt'" in by_fx["sqrt_1"].comment
+    for name in ("lift_fresh_copy_1", "detach__1", "mul_1"):
+        assert by_fx[name].status == "one-sided" and "constant-folded" in by_fx[name].comment, by_fx[name]
+    s = summarize(records, p)
+    assert s.coverage_of_present == 1.0, s.uncovered
+    # the pair is measured: a different kept constant is a mismatch on both layers' values
+    bad = onnx.ModelProto()
+    bad.CopyFrom(prog.model_proto)
+    init = next(i for i in bad.graph.initializer if i.name == "sqrt")
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) * 2, "sqrt"))
+    by_fx = {r.ep_name: r for r in prepare(ep, bad).run((x,), {}) if r.kind == "node"}
+    assert by_fx["sqrt"].status == by_fx["sqrt_1"].status == "mismatch"
+
+
 def test_duplicates_merged_by_the_optimizer_are_compared_with_the_kept_twin():
     """The same op on the same inputs twice (rotary cos/sin unsqueezed once per layer in LLaMA): the
     optimizer keeps one ONNX value, the twin of both FX nodes, whether computed or constant-folded."""
