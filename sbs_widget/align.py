@@ -712,6 +712,9 @@ def _explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, inde
             al.fused_into[name] = into[name]
         elif _numel(val) == 0:
             al.empty.add(name)
+    for name, source in al.duplicate_of.items():  # a duplicate of a fused value went with it
+        if name not in al.pairs and name not in al.alias_of and name not in al.fused_into and source in al.fused_into:
+            al.fused_into[name] = al.fused_into[source]
 
 
 def _numel(val: torch.Tensor) -> int | None:

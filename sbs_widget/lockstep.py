@@ -234,6 +234,9 @@ class LockstepRun:
         elif same in p.folded_into:
             rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
                            f"initializer {p.folded_into[same]!r}")
+        elif same is not None and same in p.alignment.fused_into:
+            rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, which the ONNX "
+                           f"optimizer fused into {p.alignment.fused_into[same]}")
         elif fx_name in p.alignment.folded_for:
             rec.comment = (f"no ONNX value: constant-folded into the initializer of FX node "
                            f"{p.alignment.folded_for[fx_name]!r} (its value only goes there)")

@@ -138,6 +138,26 @@ def test_a_value_computed_for_another_layer_is_not_the_twin_of_a_vanished_value(
         assert s.by_status.get("mismatch", 0) == 0 and s.by_status.get("error", 0) == 0, s.first_beyond
 
 
+def test_dynamic_shapes_run_on_other_shapes_with_every_present_value_compared():
+    """LLaMA exported with dynamic batch and sequence, run on shapes other than the export's: no
+    false alarm, and every FX value the ONNX graph still has is compared. With dynamic shapes a
+    position ``unsqueeze`` repeated per layer is a duplicate of one the optimizer fused
+    (UnsqueezeUnsqueeze): it says so instead of "removed or fused"."""
+    model, args, kwargs = zoo.BUILDERS["llama"]()
+    zoo.trained_like(model)
+    dims = {"input_ids": {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", max=64)}}
+    dims["attention_mask"] = dims["input_ids"]
+    ep, prog = export_module(model, args, kwargs, optimize=True, dynamic_shapes=dims)
+    p = prepare(ep, prog.model_proto)
+    for b, n in ((2, 16), (3, 9), (1, 33)):
+        records = list(p.run((torch.randint(0, 1000, (b, n)),), {"attention_mask": torch.ones(b, n, dtype=torch.int64)}))
+        s = summarize(records, p)
+        assert s.by_status.get("mismatch", 0) == 0 and s.by_status.get("error", 0) == 0, s.first_beyond
+        assert s.coverage_of_present == 1.0, s.uncovered
+    fused_twin = [r for r in records if r.status == "one-sided" and "which the ONNX optimizer fused into" in r.comment]
+    assert fused_twin, "expected a duplicate of a fused unsqueeze"
+
+
 def test_a_cast_to_the_same_type_removed_by_the_optimizer_is_compared_through_its_input():
     """``type_as`` / ``to`` to the dtype a value already has stay in the program the exporter
     translates; the optimizer drops the Cast: the value is its input's, compared through that twin."""
