@@ -568,12 +568,12 @@ def _pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: Onn
         if node.op != "call_function" or node.name in al.pairs or node.name in al.alias_of \
                 or not isinstance(val, torch.Tensor):
             continue
-        found: set[tuple[str, str]] = set()
+        found: set[tuple[str, str]] | None = set()  # (initializer, FX node paired with it)
         for user in node.users:
             inputs = user.all_input_nodes
             if any(x is not node and x.name not in al.pairs and x.name not in al.alias_of
                    and isinstance(x.meta.get("val"), torch.Tensor) for x in inputs):
-                found.add(("", ""))  # another input without twin could be the one read
+                found = None  # another input without twin could be the one read
                 break
             names = {x.name for x in inputs}
             for i in al.fx_group.get(user.name, []):
@@ -587,7 +587,7 @@ def _pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: Onn
                     if isinstance(other_val, torch.Tensor) and other_val.dtype == val.dtype \
                             and other_val.shape == val.shape and shape_matches(val, index.types.get(x), info.shape_type):
                         found.add((x, other))
-        if len(found) != 1 or ("", "") in found:
+        if found is None or len(found) != 1:
             continue
         (value, other), = found
         al.pairs[node.name] = Pair(node.name, value, "shared")
