@@ -100,6 +100,9 @@ class Alignment:
     empty: set = field(default_factory=set)  # FX values of 0 elements without twin (the optimizer drops them)
     shares_constant_of: dict[str, str] = field(default_factory=dict)  # FX node -> FX node whose equal
     # constant the optimizer kept for both (its twin is that node's folded initializer)
+    reshaped: set = field(default_factory=set)  # aliases equal to their ONNX value once reshaped to its shape
+    of_input: dict[str, str] = field(default_factory=dict)  # FX no-op on a user input without twin -> ONNX
+    # input (the optimizer removed it: the ONNX nodes read the input itself, nothing to compare)
     folded_for: dict[str, str] = field(default_factory=dict)  # FX node without twin -> the constant-folded
     # FX node its value only feeds (their computation became one initializer)
     fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
@@ -115,6 +118,14 @@ _VALUE_PRESERVING = {
     # casts the exporter keeps as they are; a no-op only when dtype and shape do not change (checked)
     "aten.type_as.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device",
     "aten.detach_.default",
+}
+
+# Ops that only change the shape (same elements in the same order): the optimizer may fold them with
+# a neighbour or compute the value in another shape (onnxruntime's fusions run GPT-2's Conv1D on 3-D
+# values, where torch goes through 2-D ones); the value is compared reshaped.
+_RESHAPING = {
+    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.squeeze.dim",
+    "aten.squeeze.dims", "aten.squeeze.default", "aten.unsqueeze.default", "aten.flatten.using_ints",
 }
 
 # Arithmetic with its neutral number (x + 0, x * 1.0: RoBERTa's position offset, BART's embedding
@@ -522,20 +533,45 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         src_val = src.meta.get("val") if src is not None else None
         if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)):
             continue
-        if val.dtype != src_val.dtype or tuple(val.shape) != tuple(src_val.shape):
+        if val.dtype != src_val.dtype or (tuple(val.shape) != tuple(src_val.shape) and op not in _RESHAPING):
             continue
         target = al.pairs[src.name].onnx_value if src.name in al.pairs else al.alias_of.get(src.name)
-        if target is None or target not in index.producer:
-            continue
-        al.alias_of[node.name] = target
-        al.aliases.setdefault(target, []).append(node.name)
+        if target is not None and target in index.producer:
+            _alias(al, node.name, target, src.name in al.reshaped or tuple(val.shape) != tuple(src_val.shape))
+        elif src.name in al.of_input or (src.name in al.pairs and al.pairs[src.name].kind == "input"):
+            al.of_input[node.name] = al.of_input.get(src.name) or al.pairs[src.name].onnx_value
     _pair_duplicates(nodes, al, index)
+    _alias_reshape_inputs(nodes, al, index)
     for node in reversed(nodes):  # (a chain is walked from its end)
         pair = al.pairs.get(node.name)
         if pair is not None and pair.kind == "node" and pair.onnx_value in index.initializers:
             _mark_folded_for(node, al)
     _explain_values_without_twin(nodes, al, index)
     return al
+
+
+def _alias_reshape_inputs(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
+    """The input of a reshape, when the ONNX graph has only the reshaped value (onnxruntime's fusions
+    run GPT-2's Conv1D ``addmm`` on 3-D values): equal to it once reshaped. After the duplicates, so
+    that a value with a twin of its own shape keeps it; from the end, so that chains are followed."""
+    for node in reversed(nodes):
+        if node.op != "call_function" or target_name(node.target) not in _RESHAPING or not node.args:
+            continue
+        src, val = node.args[0], node.meta.get("val")
+        if not isinstance(src, torch.fx.Node) or src.op != "call_function" or src.name in al.pairs \
+                or src.name in al.alias_of or not isinstance(val, torch.Tensor) \
+                or not isinstance(src.meta.get("val"), torch.Tensor) or src.meta["val"].dtype != val.dtype:
+            continue
+        target = al.pairs[node.name].onnx_value if node.name in al.pairs else al.alias_of.get(node.name)
+        if target is not None and target in index.producer:
+            _alias(al, src.name, target, True)
+
+
+def _alias(al: Alignment, fx_name: str, value: str, reshaped: bool) -> None:
+    al.alias_of[fx_name] = value
+    al.aliases.setdefault(value, []).append(fx_name)
+    if reshaped:
+        al.reshaped.add(fx_name)
 
 
 def _identity_operand(node: torch.fx.Node, neutral: int, commutative: bool) -> torch.fx.Node | None:
@@ -695,8 +731,9 @@ def _explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, inde
             continue
         for user in node.users:
             fused = next((i for i in al.fx_group.get(user.name, []) if index.is_rewritten(i)), None)
-            if fused is None and user.name in al.pairs:  # a fused node handing out the user's value
-                producer = index.producer.get(al.pairs[user.name].onnx_value)
+            if fused is None:  # a fused node handing out the user's value (or the value it is an alias of)
+                twin = al.pairs[user.name].onnx_value if user.name in al.pairs else al.alias_of.get(user.name)
+                producer = index.producer.get(twin) if twin is not None else None
                 fused = producer if producer is not None and index.is_rewritten(producer) else None
             if fused is not None:
                 into[name] = (f"{index.op_types[fused]} node {index.nodes[fused].name!r} "
@@ -712,9 +749,6 @@ def _explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, inde
             al.fused_into[name] = into[name]
         elif _numel(val) == 0:
             al.empty.add(name)
-    for name, source in al.duplicate_of.items():  # a duplicate of a fused value went with it
-        if name not in al.pairs and name not in al.alias_of and name not in al.fused_into and source in al.fused_into:
-            al.fused_into[name] = al.fused_into[source]
 
 
 def _numel(val: torch.Tensor) -> int | None:

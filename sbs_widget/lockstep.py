@@ -234,9 +234,9 @@ class LockstepRun:
         elif same in p.folded_into:
             rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
                            f"initializer {p.folded_into[same]!r}")
-        elif same is not None and same in p.alignment.fused_into:
-            rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, which the ONNX "
-                           f"optimizer fused into {p.alignment.fused_into[same]}")
+        elif fx_name in p.alignment.of_input:
+            rec.comment = (f"no ONNX value: a no-op on input {p.alignment.of_input[fx_name]!r} the ONNX optimizer "
+                           "removed (its ONNX consumers read the input itself)")
         elif fx_name in p.alignment.folded_for:
             rec.comment = (f"no ONNX value: constant-folded into the initializer of FX node "
                            f"{p.alignment.folded_for[fx_name]!r} (its value only goes there)")
@@ -472,7 +472,8 @@ class LockstepRun:
         # (record, FX node holding the torch value, ONNX value) compared
         records: list[tuple[Record, str | None, str | None]] = []
         compares = []
-        duplicate_of = p.alignment.duplicate_of
+        duplicate_of, reshaped = p.alignment.duplicate_of, p.alignment.reshaped
+        shapes: list[tuple[Record, str]] = []  # (record of a reshaped alias, the torch value's shape)
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
             if fx_name is None:  # ONNX only
@@ -503,10 +504,21 @@ class LockstepRun:
                 holder = fx_name if alias in duplicate_of else alias
                 if holder not in env or o not in onnx_env:
                     records.append(_failed(rec, "value unavailable"))
+                elif alias in reshaped:  # the same elements in the ONNX value's shape
+                    try:
+                        value = env[holder].reshape(np.shape(onnx_env[o]))
+                    except (RuntimeError, AttributeError) as e:
+                        records.append(_failed(rec, f"cannot reshape the torch value to the ONNX value's shape: {e}"))
+                        continue
+                    compares.append((rec, value, onnx_env[o]))
+                    records.append((rec, holder, o))
+                    shapes.append((rec, rec.ep_shape_type))
                 else:
                     compares.append((rec, env[holder], onnx_env[o]))
                     records.append((rec, holder, o))
         self._compare_many(compares)
+        for rec, shape_type in shapes:  # the record tells the torch value's own shape
+            rec.ep_shape_type = shape_type
         if local:  # (an alias's torch value is its twin's: the same node-local run measures it)
             self._local_errors([(rec, fx, o) for rec, fx, o in records
                                 if o in local and fx is not None and rec.status != R.ERROR], local)
@@ -525,12 +537,14 @@ class LockstepRun:
 
     def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> None:
         """err_local: the torch value against the ONNX node run on torch inputs."""
-        env = self.runner.env
+        env, reshaped = self.runner.env, self.p.alignment.reshaped
         pairs, recs = [], []
         for rec, fx_name, o in items:
             try:
                 got = np.asarray(local[o]).reshape(self.onnx_shapes.get(o, np.shape(local[o])))
                 expected = as_numpy(env[fx_name])
+                if rec.ep_name in reshaped:
+                    expected = expected.reshape(got.shape)
             except (RuntimeError, ValueError, TypeError):
                 continue
             if same_shape(expected, got):

@@ -229,7 +229,9 @@ class Prepared:
 
     def _alias_comment(self, fx_name: str) -> str:
         source = self.alignment.duplicate_of.get(fx_name)
-        return _ALIAS_COMMENT if source is None else _DUPLICATE_COMMENT.format(source)
+        if source is not None:
+            return _DUPLICATE_COMMENT.format(source)
+        return _RESHAPED_COMMENT if fx_name in self.alignment.reshaped else _ALIAS_COMMENT
 
     def weight_records(self) -> list[tuple[tuple, str, str | None]]:
         """Per weight, worked out once: (record fields, FX placeholder, ONNX initializer to compare
@@ -475,6 +477,8 @@ def _onnx_bytes(vt) -> int:
 _EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f in ("ep_target", "onnx_op_type",
                                                                                  "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
+_RESHAPED_COMMENT = ("no ONNX value of its shape: the ONNX graph has it only reshaped (a reshape removed or "
+                     "moved by the optimizer); compared with that value, reshaped")
 _DUPLICATE_COMMENT = ("same op on the same inputs as FX node {!r}: the ONNX optimizer merged them "
                       "(common subexpression elimination); compared with that node's twin")
 _SHARED_COMMENT = ("equal to the constant of FX node {!r}: the ONNX optimizer folded both and kept one "

@@ -103,7 +103,8 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         folded_into = prepared.index.folded_into()
         folded_fx |= {w.placeholder for w in prepared.alignment.weights if w.onnx_name is None and w.key in folded_into}
         al = prepared.alignment
-        fused_fx = al.fused_into.keys() | al.absorbed.keys() | al.empty  # (an empty value: nothing to compare)
+        # (an empty value, a no-op on an input: nothing to compare)
+        fused_fx = al.fused_into.keys() | al.absorbed.keys() | al.empty | al.of_input.keys()
         holder = value_holder(prepared)
         for n in s.uncovered:
             held_by = holder(n)
