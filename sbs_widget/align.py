@@ -516,9 +516,25 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
         elif len(candidates) == 1:
             take(node.name, candidates[0], "consumer")
     _pair_shared_constants(nodes, al, index, shape_matches, by_name)
-    # 5. no-op nodes the optimizer removed: same value as their input's twin.
+    # 5. no-op nodes the optimizer removed: same value as their input's twin. Reshapes after the
+    # duplicates, so that a value with a twin of its own shape keeps it.
+    _alias_no_ops(nodes, al, index, reshapes=False)
+    _pair_duplicates(nodes, al, index)
+    _alias_no_ops(nodes, al, index, reshapes=True)
+    _alias_reshape_inputs(nodes, al, index)
+    for node in reversed(nodes):  # (a chain is walked from its end)
+        pair = al.pairs.get(node.name)
+        if pair is not None and pair.kind == "node" and pair.onnx_value in index.initializers:
+            _mark_folded_for(node, al)
+    _explain_values_without_twin(nodes, al, index)
+    return al
+
+
+def _alias_no_ops(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex, reshapes: bool) -> None:
+    """No-op nodes without twin hold their input's twin (a no-op on an input: the ONNX nodes read the
+    input). ``reshapes``: also those changing the shape (compared reshaped), and no-ops on them."""
     for node in nodes:
-        if node.op != "call_function" or node.name in al.pairs:
+        if node.op != "call_function" or node.name in al.pairs or node.name in al.alias_of:
             continue
         op = target_name(node.target)
         if op == "aten.cat.default":
@@ -531,29 +547,22 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
             continue
         val = node.meta.get("val")
         src_val = src.meta.get("val") if src is not None else None
-        if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)):
+        if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)) or val.dtype != src_val.dtype:
             continue
-        if val.dtype != src_val.dtype or (tuple(val.shape) != tuple(src_val.shape) and op not in _RESHAPING):
+        reshaped = src.name in al.reshaped or tuple(val.shape) != tuple(src_val.shape)
+        if reshaped and not (reshapes and (op in _RESHAPING or tuple(val.shape) == tuple(src_val.shape))):
             continue
         target = al.pairs[src.name].onnx_value if src.name in al.pairs else al.alias_of.get(src.name)
         if target is not None and target in index.producer:
-            _alias(al, node.name, target, src.name in al.reshaped or tuple(val.shape) != tuple(src_val.shape))
+            _alias(al, node.name, target, reshaped)
         elif src.name in al.of_input or (src.name in al.pairs and al.pairs[src.name].kind == "input"):
             al.of_input[node.name] = al.of_input.get(src.name) or al.pairs[src.name].onnx_value
-    _pair_duplicates(nodes, al, index)
-    _alias_reshape_inputs(nodes, al, index)
-    for node in reversed(nodes):  # (a chain is walked from its end)
-        pair = al.pairs.get(node.name)
-        if pair is not None and pair.kind == "node" and pair.onnx_value in index.initializers:
-            _mark_folded_for(node, al)
-    _explain_values_without_twin(nodes, al, index)
-    return al
 
 
 def _alias_reshape_inputs(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
     """The input of a reshape, when the ONNX graph has only the reshaped value (onnxruntime's fusions
-    run GPT-2's Conv1D ``addmm`` on 3-D values): equal to it once reshaped. After the duplicates, so
-    that a value with a twin of its own shape keeps it; from the end, so that chains are followed."""
+    run GPT-2's Conv1D ``addmm`` on 3-D values): equal to it once reshaped. From the end, so that
+    chains are followed."""
     for node in reversed(nodes):
         if node.op != "call_function" or target_name(node.target) not in _RESHAPING or not node.args:
             continue

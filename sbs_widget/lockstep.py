@@ -499,9 +499,10 @@ class LockstepRun:
             for alias, alias_fields in aliases:  # FX no-ops removed by the optimizer, duplicates it merged
                 rec = Record(*alias_fields)
                 rec.ep_time_run = fx_times.get(alias)
-                # A duplicate's value is its twin's (same op, same inputs): measured with the twin's
-                # torch value, so that the FX side need not run ahead to it (it may be layers later).
-                holder = fx_name if alias in duplicate_of else alias
+                # A duplicate's value is its twin's (same op, same inputs), a reshaped alias's its twin's
+                # reshaped: measured with the twin's torch value, so that the FX side need not run ahead
+                # to it (it may be layers later: LLaMA's rotary cos unsqueezed in every layer).
+                holder = fx_name if alias in duplicate_of or alias in reshaped else alias
                 if holder not in env or o not in onnx_env:
                     records.append(_failed(rec, "value unavailable"))
                 elif alias in reshaped:  # the same elements in the ONNX value's shape
@@ -703,7 +704,7 @@ def _release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) 
                         f = p.alignment.onnx_to_fx[a]
                         fx_release[f] = max(fx_release.get(f, -1), s)
     for fx_name, v in p.alignment.alias_of.items():
-        if fx_name in p.alignment.duplicate_of:
+        if fx_name in p.alignment.duplicate_of or fx_name in p.alignment.reshaped:
             continue  # measured with its twin's torch value
         s = segment_of_node[idx.producer[v]]
         fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
