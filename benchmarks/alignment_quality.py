@@ -15,9 +15,13 @@ torch.export.export returns) and report:
     python benchmarks/alignment_quality.py --models qwen2,roberta,deberta,bart,clip_vision,convnext
     python benchmarks/alignment_quality.py --ort-fusions   # also optimize=True + onnxruntime's fusions
     python benchmarks/alignment_quality.py --dtype float16 --models llama,gpt2,bert,vit,mlp,convnet,resnet
+    python benchmarks/alignment_quality.py --dynamic --models llama,gpt2,bert,vit,qwen2,roberta
 
 ``--ort-fusions`` adds a row per model (optimize "ort"): the optimized export rewritten by onnxscript's
 ``optimize_for_ort`` (SkipLayerNormalization, MultiHeadAttention...), as users do before deploying.
+``--dynamic`` exports with a dynamic batch (and sequence, for token inputs) and runs each export at
+its own shape and at two others (batch 3 / sequence 9, batch 1 / sequence 33): beyond and errors
+add up over the three runs, coverage is the last run's.
 ``--dtype float16`` casts the models first; the tolerance is then the program's default (3e-2) unless
 ``--atol``/``--rtol`` are given (column ``tol``).
 """
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--dtype", default=None, help="cast the models first: float16, bfloat16")
     parser.add_argument("--ort-fusions", action="store_true", help="add exports fused for onnxruntime")
+    parser.add_argument("--dynamic", action="store_true", help="dynamic shapes, run at three shapes")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     import torch
@@ -54,7 +59,7 @@ def main(argv=None) -> int:
         for optimize in (False, True, "ort") if args.ort_fusions else (False, True):
             try:
                 with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-                    ep, prog, a, kw = zoo.export(name, optimize=bool(optimize),
+                    ep, prog, a, kw = zoo.export(name, optimize=bool(optimize), dynamic=args.dynamic,
                                                  dtype=getattr(torch, args.dtype) if args.dtype else None)
                     model = zoo.fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
             except Exception as e:  # the exporter's failure, not ours: the other models still run
@@ -64,14 +69,18 @@ def main(argv=None) -> int:
             begin = time.perf_counter()
             prepared = prepare(ep, model)
             atol, rtol = prepared.tolerance(args.atol, args.rtol)
-            records = list(prepared.run(a, kw, atol=atol, rtol=rtol, node_local=True))
+            runs = [(a, kw)] + ([zoo.other_shapes(a, kw, 3, 9), zoo.other_shapes(a, kw, 1, 33)] if args.dynamic else [])
+            beyond = errors = 0
+            for inputs, kwargs in runs:
+                records = list(prepared.run(inputs, kwargs, atol=atol, rtol=rtol, node_local=True))
+                s = summarize(records, prepared)
+                beyond += s.by_status.get("mismatch", 0)
+                errors += s.by_status.get("error", 0)
             seconds = time.perf_counter() - begin
-            s = summarize(records, prepared)
             nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "mismatch") and r.onnx_op_type != "initializer"]
             rows.append(dict(
                 model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=prepared.n_onnx_nodes,
-                records=len(records), compared=s.n_compared, beyond=s.by_status.get("mismatch", 0),
-                errors=s.by_status.get("error", 0), coverage=round(100 * (s.coverage or 0), 1),
+                records=len(records), compared=s.n_compared, beyond=beyond, errors=errors, coverage=round(100 * (s.coverage or 0), 1),
                 cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded, fused=s.fused,
                 err_local=round(100 * sum(r.err_local is not None for r in nodes) / max(1, len(nodes)), 1),
                 worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", tol=f"{atol:g}/{rtol:g}",

@@ -283,6 +283,9 @@ def explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, index
 
 
 def _numel(val: torch.Tensor) -> int | None:
-    """Element count, None when symbolic (dynamic shapes: not known to be empty)."""
+    """Element count, None when symbolic and not known to be 0 (a static dimension of 0 makes it 0:
+    Phi-3's rotary pass-through of width 0 with a dynamic batch and sequence)."""
+    if any(isinstance(d, int) and d == 0 for d in val.shape):
+        return 0
     n = val.numel()
     return n if isinstance(n, int) else None

@@ -279,10 +279,13 @@ def fused_for_ort(model):
     return onnx_ir.to_proto(ir_model)
 
 
-def export(name: str, *, optimize: bool = True, dtype: torch.dtype | None = None, **kw):
+def export(name: str, *, optimize: bool = True, dtype: torch.dtype | None = None, dynamic: bool = False, **kw):
     """Build model ``name`` (``trained_like``) and export it: returns ``(ep, onnx_program, args, kwargs)``.
-    ``dtype``: cast the model and its floating inputs first (``torch.float16``: a half-precision export)."""
+    ``dtype``: cast the model and its floating inputs first (``torch.float16``: a half-precision export).
+    ``dynamic``: the batch dimension of every input, and the sequence of token inputs, are dynamic
+    (``other_shapes`` gives inputs of other sizes to run it on)."""
     import contextlib
+    import inspect
     import io
     import warnings
 
@@ -294,6 +297,36 @@ def export(name: str, *, optimize: bool = True, dtype: torch.dtype | None = None
         kwargs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        ep = torch.export.export(model, args, kwargs=kwargs)
+        shapes = None
+        if dynamic:
+            names = list(inspect.signature(model.forward).parameters)
+            shapes = {names[i]: _dynamic_dims(a) for i, a in enumerate(args)}
+            shapes.update({k: _dynamic_dims(v) for k, v in kwargs.items()})
+        ep = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=shapes)
         prog = torch.onnx.export(ep, args, kwargs=kwargs, dynamo=True, optimize=optimize)
     return ep, prog, args, kwargs
+
+
+_BATCH, _SEQ = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=256)
+
+
+def _dynamic_dims(x: torch.Tensor) -> dict:
+    """Dynamic dimensions of an input: the batch, and the sequence of token ids and masks (2-D)."""
+    return {0: _BATCH, 1: _SEQ} if x.dim() == 2 and not x.is_floating_point() else {0: _BATCH}
+
+
+def other_shapes(args: tuple, kwargs: dict, batch: int, seq: int, seed: int = 1) -> tuple[tuple, dict]:
+    """Inputs like ``args``/``kwargs`` (as ``export(..., dynamic=True)`` made them dynamic) with another
+    batch size, and sequence length for token inputs: random token ids (kept inside the vocabularies
+    the zoo uses), all-ones masks, random images."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def like(x: torch.Tensor, is_mask: bool) -> torch.Tensor:
+        if x.dim() == 2 and not x.is_floating_point():
+            if is_mask:
+                return torch.ones(batch, seq, dtype=x.dtype)
+            return torch.randint(int(x.min()), int(x.max()) + 1, (batch, seq), generator=gen, dtype=x.dtype)
+        return torch.randn((batch,) + tuple(x.shape[1:]), generator=gen, dtype=x.dtype)
+
+    return (tuple(like(a, False) for a in args),
+            {k: like(v, "mask" in k) for k, v in kwargs.items()})
