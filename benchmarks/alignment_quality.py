@@ -63,13 +63,16 @@ def main(argv=None) -> int:
                                                  dtype=getattr(torch, args.dtype) if args.dtype else None)
                     model = zoo.fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
             except Exception as e:  # the exporter's failure, not ours: the other models still run
-                print(f"  {name} optimize={optimize}: export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                print(f"  {name} optimize={optimize}: export failed: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}",
                       file=sys.stderr)
                 continue
             begin = time.perf_counter()
             prepared = prepare(ep, model)
             atol, rtol = prepared.tolerance(args.atol, args.rtol)
-            runs = [(a, kw)] + ([zoo.other_shapes(a, kw, 3, 9), zoo.other_shapes(a, kw, 1, 33)] if args.dynamic else [])
+            runs = [(a, kw)]
+            if args.dynamic:  # two other shapes
+                runs += [zoo.other_shapes(a, kw, 3, 9), zoo.other_shapes(a, kw, 1, 33)]
             beyond = errors = 0
             for inputs, kwargs in runs:
                 records = list(prepared.run(inputs, kwargs, atol=atol, rtol=rtol, node_local=True))
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
             nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "mismatch") and r.onnx_op_type != "initializer"]
             rows.append(dict(
                 model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=prepared.n_onnx_nodes,
-                records=len(records), compared=s.n_compared, beyond=beyond, errors=errors, coverage=round(100 * (s.coverage or 0), 1),
+                records=len(records), compared=s.n_compared, beyond=beyond, errors=errors,
+                coverage=round(100 * (s.coverage or 0), 1),
                 cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded, fused=s.fused,
                 err_local=round(100 * sum(r.err_local is not None for r in nodes) / max(1, len(nodes)), 1),
                 worst=f"{s.worst.err_abs:.1e}" if s.worst else "-", tol=f"{atol:g}/{rtol:g}",

@@ -65,6 +65,14 @@ class Alignment:
     # FX node its value only feeds (their computation became one initializer)
     fx_dtypes: frozenset = frozenset()  # dtypes of the program's tensor values (its precision)
 
+    def twin(self, fx_name: str) -> str | None:
+        """The ONNX value FX node ``fx_name`` is compared with: its own twin, or the one it is an alias of."""
+        pair = self.pairs.get(fx_name)
+        return pair.onnx_value if pair is not None else self.alias_of.get(fx_name)
+
+    def has_twin(self, fx_name: str) -> bool:
+        return fx_name in self.pairs or fx_name in self.alias_of
+
 
 _TARGET_NAMES: dict = {}  # op -> str(op): an op's name costs more to format than to look up
 

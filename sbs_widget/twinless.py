@@ -51,7 +51,7 @@ def alias_no_ops(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex, re
     """No-op nodes without twin hold their input's twin (a no-op on an input: the ONNX nodes read the
     input). ``reshapes``: also those changing the shape (compared reshaped), and no-ops on them."""
     for node in nodes:
-        if node.op != "call_function" or node.name in al.pairs or node.name in al.alias_of:
+        if node.op != "call_function" or al.has_twin(node.name):
             continue
         op = target_name(node.target)
         if op == "aten.cat.default":
@@ -66,10 +66,11 @@ def alias_no_ops(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex, re
         src_val = src.meta.get("val") if src is not None else None
         if not (isinstance(val, torch.Tensor) and isinstance(src_val, torch.Tensor)) or val.dtype != src_val.dtype:
             continue
-        reshaped = src.name in al.reshaped or tuple(val.shape) != tuple(src_val.shape)
-        if reshaped and not (reshapes and (op in _RESHAPING or tuple(val.shape) == tuple(src_val.shape))):
+        same_shape = tuple(val.shape) == tuple(src_val.shape)
+        reshaped = src.name in al.reshaped or not same_shape
+        if (not same_shape and op not in _RESHAPING) or (reshaped and not reshapes):
             continue
-        target = al.pairs[src.name].onnx_value if src.name in al.pairs else al.alias_of.get(src.name)
+        target = al.twin(src.name)
         if target is not None and target in index.producer:
             _alias(al, node.name, target, reshaped)
         elif src.name in al.of_input or (src.name in al.pairs and al.pairs[src.name].kind == "input"):
@@ -84,11 +85,11 @@ def alias_reshape_inputs(nodes: list[torch.fx.Node], al: Alignment, index: OnnxI
         if node.op != "call_function" or target_name(node.target) not in _RESHAPING or not node.args:
             continue
         src, val = node.args[0], node.meta.get("val")
-        if not isinstance(src, torch.fx.Node) or src.op != "call_function" or src.name in al.pairs \
-                or src.name in al.alias_of or not isinstance(val, torch.Tensor) \
+        if not isinstance(src, torch.fx.Node) or src.op != "call_function" or al.has_twin(src.name) \
+                or not isinstance(val, torch.Tensor) \
                 or not isinstance(src.meta.get("val"), torch.Tensor) or src.meta["val"].dtype != val.dtype:
             continue
-        target = al.pairs[node.name].onnx_value if node.name in al.pairs else al.alias_of.get(node.name)
+        target = al.twin(node.name)
         if target is not None and target in index.producer:
             _alias(al, src.name, target, True)
 
@@ -127,14 +128,13 @@ def pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: Onnx
     Only when it is the one input of its consumer without a twin, and the only such initializer."""
     for node, info in zip(nodes, al.fx_nodes):
         val = node.meta.get("val")
-        if node.op != "call_function" or node.name in al.pairs or node.name in al.alias_of \
-                or not isinstance(val, torch.Tensor):
+        if node.op != "call_function" or al.has_twin(node.name) or not isinstance(val, torch.Tensor):
             continue
         found: set[tuple[str, str]] | None = set()  # (initializer, FX node paired with it)
         for user in node.users:
             inputs = user.all_input_nodes
-            if any(x is not node and x.name not in al.pairs and x.name not in al.alias_of
-                   and isinstance(x.meta.get("val"), torch.Tensor) for x in inputs):
+            if any(x is not node and not al.has_twin(x.name) and isinstance(x.meta.get("val"), torch.Tensor)
+                   for x in inputs):
                 found = None  # another input without twin could be the one read
                 break
             names = {x.name for x in inputs}
@@ -147,7 +147,8 @@ def pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: Onnx
                         continue
                     other_val = by_name[other].meta.get("val") if other in by_name else None
                     if isinstance(other_val, torch.Tensor) and other_val.dtype == val.dtype \
-                            and other_val.shape == val.shape and shape_matches(val, index.types.get(x), info.shape_type):
+                            and other_val.shape == val.shape \
+                            and shape_matches(val, index.types.get(x), info.shape_type):
                         found.add((x, other))
         if found is None or len(found) != 1:
             continue
@@ -162,7 +163,7 @@ def _mark_folded_for(node: torch.fx.Node, al: Alignment) -> None:
     todo = [node]
     while todo:
         for x in todo.pop().all_input_nodes:
-            if x.op != "call_function" or x.name in al.pairs or x.name in al.alias_of or x.name in al.folded_for:
+            if x.op != "call_function" or al.has_twin(x.name) or x.name in al.folded_for:
                 continue
             if all(u is node or al.folded_for.get(u.name) == node.name for u in x.users):
                 al.folded_for[x.name] = node.name
@@ -211,8 +212,7 @@ def pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex)
     unsqueezed once per layer in LLaMA), so the twin of the first is the twin of the others."""
     # Only ops some value without a twin has are looked at (a duplicate chain through other ops is
     # not followed): this runs on every node of the program.
-    twinless = {id(n.target): n.target for n in nodes if n.op == "call_function" and n.name not in al.pairs
-                and n.name not in al.alias_of}
+    twinless = {id(n.target): n.target for n in nodes if n.op == "call_function" and not al.has_twin(n.name)}
     seeded = torch.Tag.nondeterministic_seeded  # random ops draw different numbers each time
     wanted = {k for k, target in twinless.items() if seeded not in getattr(target, "tags", ())
               and not target_name(target).startswith(_UNINITIALIZED)}
@@ -231,15 +231,14 @@ def pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex)
         canonical[node] = earlier
         name, source = node.name, earlier.name
         val, earlier_val = node.meta.get("val"), earlier.meta.get("val")
-        if name in al.pairs or name in al.alias_of or not isinstance(val, torch.Tensor) \
+        if al.has_twin(name) or not isinstance(val, torch.Tensor) \
                 or not isinstance(earlier_val, torch.Tensor) or val.dtype != earlier_val.dtype \
                 or val.shape != earlier_val.shape:  # mul(x, 1) and mul(x, 1.0) have equal keys
             continue
         al.duplicate_of[name] = source  # also says why a value without a twin has none
-        twin = al.pairs[source].onnx_value if source in al.pairs else al.alias_of.get(source)
+        twin = al.twin(source)
         if twin in index.producer:
-            al.alias_of[name] = twin
-            al.aliases.setdefault(twin, []).append(name)
+            _alias(al, name, twin, False)
         elif twin in index.initializers:  # a constant-folded twin: compared once the FX node has run
             al.pairs[name] = Pair(name, twin, "duplicate")
 
@@ -258,12 +257,12 @@ def explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, index
     into: dict[str, str] = {}  # FX node -> the fused node its value flows into, in words
     for node in reversed(nodes):
         name = node.name
-        if node.op != "call_function" or name in al.pairs or name in al.alias_of:
+        if node.op != "call_function" or al.has_twin(name):
             continue
         for user in node.users:
             fused = next((i for i in al.fx_group.get(user.name, []) if index.is_rewritten(i)), None)
             if fused is None:  # a fused node handing out the user's value (or the value it is an alias of)
-                twin = al.pairs[user.name].onnx_value if user.name in al.pairs else al.alias_of.get(user.name)
+                twin = al.twin(user.name)
                 producer = index.producer.get(twin) if twin is not None else None
                 fused = producer if producer is not None and index.is_rewritten(producer) else None
             if fused is not None:

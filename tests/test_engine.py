@@ -149,7 +149,8 @@ def test_dynamic_shapes_run_on_other_shapes_with_every_present_value_compared():
     ep, prog = export_module(model, args, kwargs, optimize=True, dynamic_shapes=dims)
     p = prepare(ep, prog.model_proto)
     for b, n in ((2, 16), (3, 9), (1, 33)):
-        records = list(p.run((torch.randint(0, 1000, (b, n)),), {"attention_mask": torch.ones(b, n, dtype=torch.int64)}))
+        inputs = (torch.randint(0, 1000, (b, n)),), {"attention_mask": torch.ones(b, n, dtype=torch.int64)}
+        records = list(p.run(*inputs))
         s = summarize(records, p)
         assert s.by_status.get("mismatch", 0) == 0 and s.by_status.get("error", 0) == 0, s.first_beyond
         assert s.coverage_of_present == 1.0, s.uncovered
@@ -767,8 +768,10 @@ def test_a_duplicate_layers_later_does_not_make_the_fx_side_run_ahead(reshaped):
     for r in run.records():
         records.append(r)
         peak_fx = max(peak_fx, sum(1 for k in run.runner.env if not k.startswith(("p_", "b_", "c_"))))
-    gates = [r for r in records if (r.ep_name.startswith("view") if reshaped else r.ep_target == "aten.sigmoid.default")]
-    assert len(gates) == (16 if reshaped else 8) and all(r.status == "ok" and r.onnx_name == gates[0].onnx_name for r in gates), \
+    gates = [r for r in records
+             if (r.ep_name.startswith("view") if reshaped else r.ep_target == "aten.sigmoid.default")]
+    assert len(gates) == (16 if reshaped else 8), [r.ep_name for r in gates]
+    assert all(r.status == "ok" and r.onnx_name == gates[0].onnx_name for r in gates), \
         [(r.ep_name, r.onnx_name, r.status, r.comment) for r in gates]
     assert peak_fx < len([n for n in p.fx_nodes if n.op == "call_function"]) / 3, peak_fx
 
