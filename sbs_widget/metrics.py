@@ -16,6 +16,8 @@ except ImportError:  # built without a C compiler
     _compare = None
 
 BATCH_ELEMENTS = 1 << 16  # elements per vectorized pass: its temporaries stay in cache (and small)
+# The comment of a pair of empty values (0 elements): "ok", yet no number was compared, only shapes.
+EMPTY_NOTE = "empty (0 elements): nothing compared but the shapes"
 
 
 class Errors(NamedTuple):  # one per compared pair: a tuple, built and unpacked fast
@@ -87,13 +89,17 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     """Compare ``got`` (ONNX) with ``expected`` (torch). Shapes must already agree (``same_shape``).
 
     Works for float, int and bool tensors; NaN/Inf never raise: positions where the non-finite pattern
-    differs are counted in ``err_nan`` and excluded from the other figures.
+    differs are counted in ``err_nan`` and excluded from the other figures. A pair where a side holds
+    integers or bools is compared exactly (``exact``): a token id off by 2 at 30,000 is wrong, although
+    within rtol * |torch| = 3.
     """
     e = as_numpy(expected)
     g = as_numpy(got)
     n = int(e.size)
     if n == 0:
         return Errors(0.0, 0.0, 0.0, 0, 0, 0, 0, True, (0,) * len(HISTOGRAM_EDGES) if histogram else None)
+    if exact(e, g):
+        atol = rtol = 0.0
     e = e.reshape(-1)
     g = g.reshape(-1)
     if np.iscomplexobj(e) or np.iscomplexobj(g):
@@ -138,10 +144,13 @@ def beyond_where(expected, got, *, atol: float, rtol: float) -> str | None:
     for all of them), then how many there are, e.g. ``[0, :, 0:2, :] (128 of 768)``. It tells a
     difference confined to some rows (padded positions, one batch item, one channel) from one spread
     everywhere. Same rule as ``compute_errors``: |diff| > atol + rtol * |torch|, or a different NaN/Inf
-    pattern. None when no element is beyond tolerance or the value has no axis."""
+    pattern; integers and bools exactly. None when no element is beyond tolerance or the value has no
+    axis."""
     e, g = as_numpy(expected), as_numpy(got)
     if e.ndim == 0 or e.shape != g.shape or e.size == 0:
         return None
+    if exact(e, g):
+        atol = rtol = 0.0
     if np.iscomplexobj(e) or np.iscomplexobj(g):
         e, g = e.astype(np.complex128), g.astype(np.complex128)
     else:
@@ -153,7 +162,8 @@ def beyond_where(expected, got, *, atol: float, rtol: float) -> str | None:
         if e.dtype.kind in "fc" and not np.isfinite(diff.max()):  # NaN/Inf somewhere
             suspects = np.flatnonzero(~np.isfinite(diff))  # the same infinity, NaN on both sides agree
             eb, gb = e.reshape(-1)[suspects], g.reshape(-1)[suspects]
-            bad.reshape(-1)[suspects[(eb == gb) | (np.isnan(eb) & np.isnan(gb))]] = False
+            # the others are beyond: inf vs -inf or vs a number is not <= atol + rtol * inf
+            bad.reshape(-1)[suspects] = ~((eb == gb) | (np.isnan(eb) & np.isnan(gb)))
     count = int(np.count_nonzero(bad))
     if not count:
         return None
@@ -183,6 +193,12 @@ def _index_set(any_bad: np.ndarray, most: int = 4) -> str:
     if len(parts) > most:
         parts = parts[:most - 1] + [f"... {sum(flags)} of {len(flags)}"]
     return "{" + ", ".join(parts) + "}"
+
+
+def exact(e: np.ndarray, g: np.ndarray) -> bool:
+    """Whether the pair is compared exactly: a side holds integers or bools (ids, indices, counts,
+    masks), where a float tolerance is meaningless and a difference of 1 is a wrong answer."""
+    return e.dtype.kind in "iub" or g.dtype.kind in "iub"
 
 
 def _exact_integer_differences(diff: np.ndarray, e: np.ndarray, g: np.ndarray) -> None:
@@ -229,7 +245,8 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
     per pair, all pairs in one call, the GIL released (2.5x less time than numpy on a run's pairs).
     Other pairs (and float32 ones where the module was not built) are concatenated (up to
     ``BATCH_ELEMENTS`` at a time) and reduced per pair with ``reduceat``; big pairs and pairs with
-    NaN/Inf, complex or empty values take the one-pair path.
+    NaN/Inf, complex or empty values take the one-pair path. Integer and bool pairs share the float
+    batches (same tolerances) and are judged exactly afterwards (``exact``).
     ``scratch``: buffers to work in, kept by the caller between calls.
     """
     scratch = scratch if scratch is not None else Scratch()
@@ -238,6 +255,7 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
     totals: dict[type, int] = {}
     f32, most = _FLOAT32, BATCH_ELEMENTS
     compiled = ([], [], []) if _compare is not None else None  # float32 pairs for the compiled pass
+    exact_pairs = []  # batched integer/bool pairs: within tolerance only when equal
     for i, (expected, got) in enumerate(pairs):
         e = expected if type(expected) is np.ndarray else as_numpy(expected)
         g = got if type(got) is np.ndarray else as_numpy(got)
@@ -257,6 +275,8 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
                     (ek in "iu" and e.itemsize == 8):
                 out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
                 continue
+            if ek in "iub" or gk in "iub":  # (exact(e, g), told where the kinds are at hand)
+                exact_pairs.append(i)
             calc = _calc_dtype(e, g)
         batch = batches.get(calc)
         total = totals.get(calc, 0)
@@ -273,6 +293,10 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
         totals[calc] = total + size
     for calc, batch in batches.items():
         _reduce_batch(out, *batch, calc, atol, rtol, histogram, scratch, totals[calc])
+    for i in exact_pairs:  # the float rule let a nonzero integer difference pass: it may not
+        err = out[i]
+        if err.within_tolerance and err.err_abs:
+            out[i] = err._replace(within_tolerance=False)
     if compiled and compiled[0]:
         idx, es, gs = compiled
         for i, e, g, err in zip(idx, es, gs, _compare.errors_f32(Errors, es, gs, atol, rtol, histogram,

@@ -19,12 +19,12 @@ import torch
 
 from .dumps import ForwardStealer, flatten_tensors, load_dump
 from .errors import InputError, LoadError
-from .metrics import beyond_where, compute_errors, same_shape
+from .metrics import EMPTY_NOTE, beyond_where, compute_errors, same_shape
 from .records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from .runtimes import exact_numpy, ort_array, ort_value
 from .segments import numpy_elem_type
 from .strings import string_type, torch_dtype
-from .tolerance import least_precise_float, resolve
+from .tolerance import checked, least_precise_float, resolve
 
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 
@@ -157,6 +157,7 @@ def compare_dump(dump, onx, *, atol: float | None = None, rtol: float | None = N
     >>> [r.status for r in compare_dump(f"{d}/dump.onnx", f"{d}/m.onnx")]  # doctest: +SKIP
     ['ok', 'ok']
     """
+    atol, rtol = checked(atol, rtol)  # before reading anything; resolve below only runs for a None
     if isinstance(dump, ForwardStealer):
         dump = dump.storage
     elif not isinstance(dump, dict):
@@ -238,6 +239,8 @@ def compare_dump(dump, onx, *, atol: float | None = None, rtol: float | None = N
                           "within_tolerance", "histogram"):
                 setattr(rec, field, getattr(err, field))
             rec.status = OK if err.within_tolerance else MISMATCH
+            if not err.n_elements:  # "ok" over nothing: said so
+                rec.comment = "; ".join(filter(None, (rec.comment, EMPTY_NOTE)))
             if not err.within_tolerance:
                 rec.err_where = beyond_where(leaf, got, atol=atol, rtol=rtol)
             yield rec

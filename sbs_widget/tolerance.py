@@ -14,7 +14,12 @@ tolerance given is always used as is.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
+
+from .errors import InputError
 
 DEFAULT_ATOL = 1e-4  # float32 and float64 programs
 DEFAULT_RTOL = 1e-4
@@ -34,10 +39,44 @@ def tolerance_for(dtype: torch.dtype | None) -> float:
     return FLOAT16_TOLERANCE if eps <= torch.finfo(torch.float16).eps else BFLOAT16_TOLERANCE
 
 
+def valid_tolerance(name: str, value) -> float:
+    """``value`` as a float when it is a tolerance: a finite real number >= 0. Anything else raises
+    ``InputError``: NaN makes every ``|diff| <= tol`` false in numpy but true in other tests (the
+    paths would disagree), inf and negatives pass or fail everything, a bool is a slip.
+
+    >>> valid_tolerance("atol", 1e-3)
+    0.001
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise InputError(f"{name}={value!r} is not a tolerance: pass a finite number >= 0 (e.g. {name}=1e-4), "
+                         f"or None for the default of the program's precision")
+    return float(value)
+
+
+def checked(atol, rtol) -> tuple[float | None, float | None]:
+    """``(atol, rtol)`` validated (``valid_tolerance``), ``None`` kept: every entry point (API, widget,
+    CLI, culprits, dumps) goes through here, through ``resolve``."""
+    return (None if atol is None else valid_tolerance("atol", atol),
+            None if rtol is None else valid_tolerance("rtol", rtol))
+
+
 def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> tuple[float, float]:
-    """``(atol, rtol)``: each one given as is, each ``None`` the default for ``dtype``."""
+    """``(atol, rtol)``: each one given as is (validated), each ``None`` the default for ``dtype``."""
+    atol, rtol = checked(atol, rtol)
     default = tolerance_for(dtype)
     return (default if atol is None else atol), (default if rtol is None else rtol)
+
+
+def cli_tolerance(text: str) -> float:
+    """argparse ``type=`` of ``--atol``/``--rtol``: a bad value stops the command before any work,
+    with argparse's usage line and this message."""
+    import argparse
+
+    try:
+        return valid_tolerance("tolerance", float(text))
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tolerance: pass a finite number >= 0, e.g. 1e-4") \
+            from None
 
 
 def least_precise(dtypes) -> torch.dtype | None:
