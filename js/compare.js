@@ -1,12 +1,12 @@
 // What changed since the previous run (computed in the kernel: widget_rows.compare_runs).
 
 import { h, clear } from "./dom.js";
-import { fmtErr, fmtInt } from "./format.js";
+import { fmtErr, fmtInt, visible } from "./format.js";
 import { toNumber } from "./rows.js";
 
 function nameList(label, names, total) {
   if (!total) return null;
-  const list = h("ul", {}, names.map((n) => h("li", { text: n })));
+  const list = h("ul", {}, names.map((n) => h("li", { text: visible(n) })));
   if (total > names.length) list.append(h("li", { class: "sbs-muted", text: `… ${fmtInt(total - names.length)} more` }));
   return h("details", {}, h("summary", { text: `${fmtInt(total)} ${label}` }), list);
 }
@@ -15,7 +15,7 @@ export function renderCompare(el, cmp, runsMeta) {
   clear(el);
   el.hidden = !cmp || cmp.after === undefined;
   if (el.hidden) return;
-  const worst = (w) => (w ? `${fmtErr(toNumber(w.err_abs))} (${w.name})` : "–");
+  const worst = (w) => (w ? `${fmtErr(toNumber(w.err_abs))} (${visible(w.name)})` : "–");
   const resetNames = (runsMeta[cmp.after] || {}).reset_names || [];
   const parts = [
     h("span", { class: "sbs-title", text: `Run #${cmp.after} vs #${cmp.before}` }),

@@ -4,7 +4,10 @@ function cell(v) {
   if (v === null || v === undefined) return "";
   if (Array.isArray(v)) v = v.join(" ");
   const s = typeof v === "number" && !Number.isFinite(v) ? (Number.isNaN(v) ? "NaN" : v > 0 ? "inf" : "-inf") : String(v);
-  return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+  // A spreadsheet runs a cell starting with = + - @ as a formula: names are untrusted, so such text
+  // (not numbers) gets a leading apostrophe.
+  const safe = typeof v !== "number" && /^[=+\-@\t\r]/.test(s) && !/^-?(\d|inf$|NaN$)/.test(s) ? `'${s}` : s;
+  return /[",\n\r]/.test(safe) ? `"${safe.replace(/"/g, '""')}"` : safe;
 }
 
 export function toCSV(rows, columns, index) {

@@ -2,6 +2,7 @@
 // Text only (textContent through h); a click selects the culprit's record in the table.
 
 import { h, clear } from "./dom.js";
+import { visible } from "./format.js";
 
 const fmt = (x) => (typeof x === "number" && Number.isFinite(x) ? x.toPrecision(2) : "?");
 
@@ -19,13 +20,13 @@ export function createCulpritsPanel({ onSelect }) {
       for (const c of items) {
         const name = h("button", {
           class: "sbs-culprit-link",
-          text: `${c.onnx_op_type || "?"} ${c.onnx_node || c.onnx_name || "?"}`,
-          title: `select ${c.ep_name || c.onnx_name || ""} in the table`,
+          text: visible(`${c.onnx_op_type || "?"} ${c.onnx_node || c.onnx_name || "?"}`),
+          title: `select ${visible(c.ep_name || c.onnx_name || "")} in the table`,
           style: { fontFamily: "var(--sbs-mono, monospace)", cursor: "pointer" },
           onclick: () => { if (Number.isInteger(c.i)) onSelect(c.i); },
         });
-        const fx = c.ep_name ? ` (FX ${c.ep_name})` : "";
-        list.append(h("li", { "data-i": String(c.i) }, name, h("span", { class: "sbs-muted", text: `${fx} score ${fmt(c.score)}: ` }), h("span", { text: c.reason || "" })));
+        const fx = c.ep_name ? ` (FX ${visible(c.ep_name)})` : "";
+        list.append(h("li", { "data-i": String(c.i) }, name, h("span", { class: "sbs-muted", text: `${fx} score ${fmt(c.score)}: ` }), h("span", { text: visible(c.reason || "", true) })));
       }
     },
   };

@@ -1,7 +1,7 @@
 // The detail of one record: both sides, every error figure and the |diff| histogram.
 
 import { h, clear } from "./dom.js";
-import { colorFor, fmtErr, fmtInt, fmtSeconds } from "./format.js";
+import { colorFor, fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
 
 // Left edges of the histogram buckets (sbs_widget.records.HISTOGRAM_EDGES); last bucket open.
 export const HISTOGRAM_EDGES = [0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 10];
@@ -10,7 +10,7 @@ function kv(pairs) {
   const grid = h("div", { class: "sbs-kv" });
   for (const [k, v] of pairs) {
     if (v === null || v === undefined || v === "") continue;
-    grid.append(h("div", { text: k }), h("div", { text: v }));
+    grid.append(h("div", { text: k }), h("div", { text: visible(v) })); // full names, hidden characters escaped
   }
   return grid;
 }
@@ -62,7 +62,7 @@ export function renderDetail(container, row, ctx) {
     kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
       ["time", fmtSeconds(row.onnx_time_run)]]),
   );
-  if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: row.module }));
-  if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: row.stack_trace }));
-  if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: row.comment }));
+  if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: visible(row.module) }));
+  if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: visible(row.stack_trace, true) }));
+  if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: visible(row.comment, true) }));
 }

@@ -36,3 +36,39 @@ export function colorFor(err, status, atol = 1e-4) {
   const t = clamp01(Math.log10(err / tol) / 4);
   return `hsla(${Math.round(48 - 48 * t)}, 90%, 50%, ${(0.28 + 0.32 * t).toFixed(3)})`;
 }
+
+// Characters that hide, reorder or break text: C0/C1 controls, bidi embeddings/overrides/isolates and
+// marks, zero-width and other format characters, line/paragraph separators, lone surrogates, tag
+// characters. Model names are untrusted: "gelu\u202eTMATMUL" would otherwise display as another name.
+// The same set as sbs_widget.graphs_spec.HIDDEN (keep both in sync).
+const HIDDEN = /[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\u{e0000}-\u{e007f}]/gu;
+
+function escapeChar(ch) {
+  const cp = ch.codePointAt(0);
+  if (cp < 0x100) return `\\x${cp.toString(16).padStart(2, "0")}`;
+  if (cp < 0x10000) return `\\u${cp.toString(16).padStart(4, "0")}`;
+  return `\\U${cp.toString(16).padStart(8, "0")}`;
+}
+
+/** `text` with every hidden character shown as an escape (`\u202e`, `\x00`), for display as text
+ *  (textContent, never innerHTML). `keepNewlines` leaves "\n" as a line break (stack traces). */
+export function visible(text, keepNewlines = false) {
+  if (text === null || text === undefined) return "";
+  const s = String(text);
+  HIDDEN.lastIndex = 0;
+  if (!HIDDEN.test(s)) return s; // the common case: no copy
+  return s.replace(HIDDEN, (ch) => (keepNewlines && ch === "\n" ? ch : escapeChar(ch)));
+}
+
+/** `text` cut to at most `limit` code points as head…tail (graph labels; the full name goes on hover). */
+export function shorten(text, limit = 64) {
+  const s = String(text ?? "");
+  if (s.length <= limit) return s;
+  const cps = Array.from(s); // code points: never split a surrogate pair
+  if (cps.length <= limit) return s;
+  const head = Math.ceil((limit - 1) * 0.65);
+  return `${cps.slice(0, head).join("")}…${cps.slice(cps.length - (limit - 1 - head)).join("")}`;
+}
+
+/** One line of a graph label: shortened, then made visible. */
+export const labelText = (text, limit = 64) => visible(shorten(text, limit));

@@ -1,7 +1,7 @@
 // The progress line: nodes done on each side, time, current node, counts by status, worst error.
 
 import { h, clear } from "./dom.js";
-import { fmtErr, fmtInt, fmtSeconds } from "./format.js";
+import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
 import { toNumber } from "./rows.js";
 
 const STATUS_ORDER = ["ok", "mismatch", "one-sided", "reset", "error"];
@@ -34,7 +34,7 @@ export function createProgress({ onWorst }) {
       if (p.elapsed !== undefined) parts.push(fmtSeconds(p.elapsed));
       if (p.eta !== null && p.eta !== undefined && !p.finished) parts.push(`~${fmtSeconds(p.eta)} left`);
       text.textContent = parts.join(" · ");
-      current.textContent = p.current && !p.finished ? p.current : "";
+      current.textContent = p.current && !p.finished ? visible(p.current) : "";
       current.title = current.textContent;
       clear(counts);
       const c = p.counts || {};
@@ -43,9 +43,9 @@ export function createProgress({ onWorst }) {
       }
       const w = toNumber(p.worst);
       worst.hidden = w === null;
-      worst.textContent = w === null ? "" : `worst ${fmtErr(w)} · ${p.worst_name || ""}`;
+      worst.textContent = w === null ? "" : `worst ${fmtErr(w)} · ${visible(p.worst_name || "")}`;
       message.hidden = !error;
-      message.textContent = error || "";
+      message.textContent = visible(error || "", true);
     },
   };
 }

@@ -1,6 +1,7 @@
 // The reset panel: the names whose torch value replaces the ONNX one on the next run.
 
 import { h, clear } from "./dom.js";
+import { visible } from "./format.js";
 
 export function createResetPanel({ getNames, setNames, onRerun, live }) {
   const chips = h("span", { class: "sbs-bar" });
@@ -24,8 +25,8 @@ export function createResetPanel({ getNames, setNames, onRerun, live }) {
       clear(chips);
       if (!names.length) chips.append(h("span", { class: "sbs-muted", text: "empty (tick rows or type names)" }));
       for (const n of names) {
-        const chip = h("span", { class: "sbs-chip" }, h("span", { text: n }));
-        if (live) chip.append(h("button", { text: "×", title: `remove ${n}`, onclick: () => setNames(getNames().filter((x) => x !== n)) }));
+        const chip = h("span", { class: "sbs-chip" }, h("span", { text: visible(n) }));
+        if (live) chip.append(h("button", { text: "×", title: `remove ${visible(n)}`, onclick: () => setNames(getNames().filter((x) => x !== n)) }));
         chips.append(chip);
       }
       clearBtn.disabled = !names.length;

@@ -2,7 +2,7 @@
 // about 30 rows whatever the run's size. Sorting and filtering work on an index (js/rows.js).
 
 import { h, clear } from "./dom.js";
-import { fmtErr, fmtInt } from "./format.js";
+import { fmtErr, fmtInt, visible } from "./format.js";
 import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
 
 const OVERSCAN = 6;
@@ -26,7 +26,7 @@ function cellText(col, row) {
   const v = row[col.key];
   if (col.err) return fmtErr(v);
   if (col.key === "i") return fmtInt(v);
-  return v === null || v === undefined ? "" : String(v);
+  return visible(v); // names come from models: bidi controls and NULs shown as escapes
 }
 
 /** opts: {onSort(key), onSelect(k), onToggle(k), isTicked(row), colorOf(row), canTick} */

@@ -4,7 +4,7 @@
 
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
-import { colorFor, fmtInt } from "./format.js";
+import { colorFor, fmtInt, visible } from "./format.js";
 import { SortCache, filterIndex, isNumeric, isWithin } from "./rows.js";
 import { createRowSync } from "./sync.js";
 import { createTable } from "./table.js";
@@ -247,7 +247,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
   on("change:culprits", () => culprits.update(model.get("culprits")));
-  on("change:title", () => { title.textContent = model.get("title") || "sbs_widget"; });
+  on("change:title", () => { title.textContent = visible(model.get("title") || "sbs_widget"); });
 
   // --- graphs (issue 5), mounted when first opened: layout costs time, most sessions never open it
   const graphsCtx = {
@@ -269,11 +269,11 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       const dispose = mountGraphs(graphsCtx);
       if (typeof dispose === "function") disposers.push(dispose);
     } catch (err) {
-      graphsHost.append(h("div", { class: "sbs-message", text: `graphs failed: ${err}` }));
+      graphsHost.append(h("div", { class: "sbs-message", text: `graphs failed: ${visible(String(err), true)}` }));
     }
   });
 
-  title.textContent = model.get("title") || "sbs_widget";
+  title.textContent = visible(model.get("title") || "sbs_widget");
   atolIn.value = String(model.get("atol"));
   rtolIn.value = String(model.get("rtol"));
   renderDetail(detail, null, {});

@@ -5,9 +5,12 @@
 >>> onnx_program = torch.onnx.export(model, inputs, dynamo=True)          # doctest: +SKIP
 >>> sbs_widget.fx_graph(onnx_program.exported_program).render("fx", format="svg")  # doctest: +SKIP
 
-Node ids are ``fx:<fx node name>`` and ``onnx:<onnx node name>`` (see ``graphs_spec``); module clusters are
-``cluster_<module path>`` on both sides. The widget lays these graphs out in the browser
-(``js/graphs/``); ``dot_sources`` gives it the DOT plus the structure it needs to collapse clusters.
+Spec ids are ``fx:<fx node name>`` and ``onnx:<onnx node name>`` (see ``graphs_spec``); in the DOT a node
+is ``n<index into spec.nodes>`` and a module cluster ``cluster_<index into spec.clusters>``: names from a
+model may be 100k characters long or hold NULs, and never become DOT ids. Labels are shortened with
+hidden characters escaped (``graphs_spec.label_text``); the tooltip holds the full name. The widget lays
+these graphs out in the browser (``js/graphs/``); ``dot_sources`` gives it the DOT plus the structure it
+needs to collapse clusters.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Iterable
 
 import graphviz
 
-from .graphs_spec import GraphSpec, fx_spec, onnx_spec
+from .graphs_spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
 from .records import ERROR, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
@@ -146,40 +149,46 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
         members.setdefault(n["cluster"], []).append(i)
     worst = _cluster_worst(spec, paint, children, members)
     lines: list[str] = []
-
-    def emit(cluster: int, indent: str) -> None:
-        for c in children.get(cluster, ()):
+    # Depth first with an explicit stack (no recursion on a hostile module depth): "open" writes a
+    # cluster's head and queues its sub-clusters, then its members and closing brace.
+    todo: list[tuple[str, int, int]] = [("members", -1, 1), ("children", -1, 1)]
+    while todo:
+        what, c, depth = todo.pop()
+        indent = "\t" * depth
+        if what == "close":
+            lines.append(f"{indent}}}")
+        elif what == "children":
+            todo.extend(("open", k, depth) for k in reversed(children.get(c, ())))
+        elif what == "members":
+            for i in members.get(c, ()):
+                n = spec.nodes[i]
+                attrs = {"label": n["label"], "tooltip": tooltip(n), **_node_style(*paint.get(n["id"], (None, None)))}
+                if n["kind"] != "node":
+                    attrs["shape"] = "cylinder" if n["kind"] == "weight" else "ellipse"
+                lines.append(f"{indent}n{i} [{_attrs(attrs)}]")
+        else:
             path = spec.clusters[c]["path"]
-            lines.append(f"{indent}subgraph {quote('cluster_' + path)} {{")
             color = error_color(worst[c]) if worst.get(c) is not None else "#999999"
             parent = spec.clusters[c]["parent"]
             label = path.removeprefix(spec.clusters[parent]["path"] + ".") if parent >= 0 else path
-            lines.append(f"{indent}\tlabel={quote(label)} style=rounded color={quote(color)} penwidth=2")
-            emit(c, indent + "\t")
-            lines.append(f"{indent}}}")
-        for i in members.get(cluster, ()):
-            n = spec.nodes[i]
-            attrs = {"label": n["label"], "tooltip": n["label"], **_node_style(*paint.get(n["id"], (None, None)))}
-            if n["kind"] != "node":
-                attrs["shape"] = "cylinder" if n["kind"] == "weight" else "ellipse"
-            lines.append(f"{indent}{quote(n['id'])} [{_attrs(attrs)}]")
-
-    emit(-1, "\t")
-    ids = [n["id"] for n in spec.nodes]
+            lines.append(f"{indent}subgraph cluster_{c} {{")
+            lines.append(f"{indent}\tlabel={quote(label_text(label))} tooltip={quote(visible(path))} style=rounded "
+                         f"color={quote(color)} penwidth=2")
+            todo += [("close", c, depth), ("members", c, depth + 1), ("children", c, depth + 1)]
     readers: dict[int, list[int]] = {}
     for a, b in dict.fromkeys(spec.edges):
         readers.setdefault(a, []).append(b)
     for a, targets in readers.items():
         if len(targets) < BROADCAST:
-            lines.extend(f"\t{quote(ids[a])} -> {quote(ids[b])}" for b in targets)
+            lines.extend(f"\tn{a} -> n{b}" for b in targets)
             continue
         # A value read everywhere (attention mask, rotary tables) gets a stub next to each reader:
         # long edges into every layer make dot's crossing minimisation several times slower.
         for k, b in enumerate(targets):
-            stub = f"{ids[a]}~{k}"
-            lines.append(f"\t{quote(stub)} [label={quote(spec.nodes[a]['name'])} shape=cds fillcolor=\"#f0f0f0\" "
-                         "fontsize=7 height=0.2]")
-            lines.append(f"\t{quote(stub)} -> {quote(ids[b])}")
+            stub = f"s{a}_{k}"
+            lines.append(f"\t{stub} [label={quote(label_text(spec.nodes[a]['name']))} "
+                         f"tooltip={quote(tooltip(spec.nodes[a]))} shape=cds fillcolor=\"#f0f0f0\" fontsize=7 height=0.2]")
+            lines.append(f"\t{stub} -> n{b}")
     g.body.extend(line + "\n" for line in lines)
     return g
 
@@ -196,14 +205,25 @@ def _cluster_worst(spec: GraphSpec, paint: dict, children: dict, members: dict) 
 
 
 def quote(text: str) -> str:
-    """A DOT double-quoted string showing ``text`` literally.
+    r"""A DOT double-quoted string showing ``text`` literally.
 
-    Backslashes are doubled so that Graphviz escapes (``\\N``, ``\\l``) in model names stay text; quotes
-    are escaped; a newline becomes a centered line break. Graphviz XML-escapes ``<`` and ``&`` in SVG, so
-    ``<img onerror=...>`` is drawn as text. Never returns an HTML-like ``<...>`` label.
+    Backslashes are doubled so that Graphviz escapes (``\N``, ``\l``) in model names stay text; quotes
+    are escaped; a newline becomes a centered line break; NULs, other control characters and bidi controls
+    become visible escapes (``\x00``, ``\u202e``): Graphviz reads a NUL as the end of its input. Graphviz
+    XML-escapes ``<`` and ``&`` in SVG, so ``<img onerror=...>`` is drawn as text. Never returns an
+    HTML-like ``<...>`` label.
+
+    >>> print(quote('a"b\\N\x00'))
+    "a\"b\\N\\x00"
     """
-    body = str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "\\n")
-    return f'"{body}"'
+    lines = (visible(part).replace("\\", "\\\\").replace('"', '\\"') for part in str(text).split("\n"))
+    return '"' + "\\n".join(lines) + '"'
+
+
+def tooltip(node: dict) -> str:
+    """Hover text of a node: its full name (never shortened) and op, hidden characters escaped."""
+    name = visible(node["name"])
+    return f"{name}\n{visible(node['op'])}" if node.get("kind") in ("node", "weight") and node.get("op") else name
 
 
 def _attrs(attrs: dict[str, str]) -> str:

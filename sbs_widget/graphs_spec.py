@@ -10,6 +10,7 @@ Clusters are module paths (``decoder.attention``): FX ``nn_module_stack`` and th
 from __future__ import annotations
 
 import ast
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -18,6 +19,45 @@ from .errors import InputError
 
 # The exporter writes "%add_3 : [num_users=2] = call_function[...]" on every ONNX node.
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
+# Characters that hide, reorder or break text (C0/C1 controls, bidi overrides and isolates, zero-width
+# and format characters, line separators, surrogates, tag characters): the same set as js/format.js.
+HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
+                    "\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
+LABEL_LIMIT = 64  # code points of a name in a graph box; the full name is on hover
+MAX_CLUSTER_DEPTH = 64  # deeper module chains are cut: Graphviz recurses into nested subgraphs
+
+
+def _escape(match: re.Match) -> str:
+    cp = ord(match.group(0))
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def visible(text, keep_newlines: bool = False) -> str:
+    r"""``text`` with hidden characters shown as escapes, as js/format.js ``visible`` does.
+
+    >>> print(visible("relu\u202e\x00"))
+    relu\u202e\x00
+    """
+    s = str(text)
+    if not HIDDEN.search(s):
+        return s
+    if keep_newlines:
+        return "\n".join(HIDDEN.sub(_escape, part) for part in s.split("\n"))
+    return HIDDEN.sub(_escape, s)
+
+
+def shorten(text, limit: int = LABEL_LIMIT) -> str:
+    """``text`` cut to ``limit`` code points as head…tail (as js/format.js ``shorten``)."""
+    s = str(text)
+    if len(s) <= limit:
+        return s
+    head = math.ceil((limit - 1) * 0.65)
+    return f"{s[:head]}…{s[len(s) - (limit - 1 - head):]}"
+
+
+def label_text(text, limit: int = LABEL_LIMIT) -> str:
+    """One line of a graph label: shortened, then made visible."""
+    return visible(shorten(text, limit))
 
 
 @dataclass
@@ -25,7 +65,8 @@ class GraphSpec:
     """One side of the comparison, ready to lay out.
 
     ``nodes``: dicts with ``id``, ``name``, ``label``, ``op``, ``kind`` (input/node/output), ``cluster``
-    (index into ``clusters`` or -1), ``outputs`` (value names the node produces, ONNX) and ``links``
+    (index into ``clusters`` or -1); ``label`` is display text (``label_text``: shortened, hidden
+    characters escaped) while ``name`` stays the raw name records carry; ``outputs`` (value names the node produces, ONNX) and ``links``
     (FX node names the node comes from, ONNX). ``edges``: ``(src, dst)`` node indices.
     ``clusters``: dicts with ``path`` and ``parent`` (index or -1); a parent precedes its children.
     """
@@ -43,7 +84,7 @@ class GraphSpec:
     def cluster_of(self, chain: list[str]) -> int:
         """Index of the cluster for a module chain (outermost first), creating the missing ones."""
         index, parent = -1, -1
-        for path in chain:
+        for path in chain[:MAX_CLUSTER_DEPTH]:
             index = self._cluster_index.get(path, -1)
             if index < 0:
                 index = len(self.clusters)
@@ -72,13 +113,14 @@ def fx_spec(ep, weights: Iterable[str] = ()) -> GraphSpec:
             reader = next(iter(node.users), None)
             chain = _fx_module_chain(reader.meta.get("nn_module_stack")) if reader is not None else []
             index[node] = len(spec.nodes)
-            spec.nodes.append({"id": f"fx:{node.name}", "name": node.name, "label": keys.get(node.name, node.name),
+            spec.nodes.append({"id": f"fx:{node.name}", "name": node.name,
+                               "label": label_text(keys.get(node.name, node.name)),
                                "op": "weight", "kind": "weight", "cluster": spec.cluster_of(chain)})
             continue
         if node.op == "placeholder":
             if node.name not in user_inputs:
                 continue
-            kind, label = "input", node.name
+            kind, label = "input", label_text(node.name)
         elif node.op == "output":
             kind, label = "output", "output"
         elif node.op == "get_attr":
@@ -121,7 +163,7 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
                 scopes = next((p.value for p in reader.metadata_props if p.key == "pkg.torch.onnx.name_scopes"),
                               None) if reader is not None else None
                 producer[init.name] = len(spec.nodes)
-                spec.nodes.append({"id": f"onnx-init:{init.name}", "name": init.name, "label": init.name,
+                spec.nodes.append({"id": f"onnx-init:{init.name}", "name": init.name, "label": label_text(init.name),
                                    "op": "weight", "kind": "weight",
                                    "cluster": spec.cluster_of(_onnx_module_chain(scopes)),
                                    "outputs": [init.name], "links": []})
@@ -129,7 +171,7 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
         if inp.name in initializers:
             continue
         producer[inp.name] = len(spec.nodes)
-        spec.nodes.append({"id": f"onnx-in:{inp.name}", "name": inp.name, "label": inp.name, "op": "input",
+        spec.nodes.append({"id": f"onnx-in:{inp.name}", "name": inp.name, "label": label_text(inp.name), "op": "input",
                            "kind": "input", "cluster": -1, "outputs": [inp.name], "links": [inp.name]})
     seen: set[str] = set()
     for i, node in enumerate(graph.node):
@@ -142,7 +184,7 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
         meta = {p.key: p.value for p in node.metadata_props}
         match = _FX_NODE_RE.match(meta.get("pkg.torch.onnx.fx_node", ""))
         me = len(spec.nodes)
-        spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": f"{node.op_type}\n{name}",
+        spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": f"{label_text(node.op_type)}\n{label_text(name)}",
                            "op": node.op_type, "kind": "node",
                            "cluster": spec.cluster_of(_onnx_module_chain(meta.get("pkg.torch.onnx.name_scopes"))),
                            "outputs": [o for o in node.output if o], "links": [match.group(1)] if match else []})
@@ -153,7 +195,7 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
                 producer[out] = me
     for out in graph.output:
         me = len(spec.nodes)
-        spec.nodes.append({"id": f"onnx-out:{out.name}", "name": out.name, "label": out.name, "op": "output",
+        spec.nodes.append({"id": f"onnx-out:{out.name}", "name": out.name, "label": label_text(out.name), "op": "output",
                            "kind": "output", "cluster": -1, "outputs": [], "links": ["output"]})
         if out.name in producer:
             spec.edges.append((producer[out.name], me))
@@ -171,14 +213,16 @@ def _onnx_module_chain(scopes: str | None) -> list[str]:
         return []
     try:
         parts = ast.literal_eval(scopes)
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # hostile metadata: no modules
+        return []
+    if not isinstance(parts, (list, tuple)):
         return []
     return [p for p in parts[:-1] if isinstance(p, str) and p]
 
 
 def _fx_label(name: str, op: str) -> str:
     # "add_3\nadd.Tensor" says the op; "linear_2\nlinear" would only repeat the name.
-    return name if re.sub(r"_\d+$", "", name) == op else f"{name}\n{op}"
+    return label_text(name) if re.sub(r"_\d+$", "", name) == op else f"{label_text(name)}\n{label_text(op)}"
 
 
 def _short_target(target) -> str:

@@ -2,9 +2,10 @@
 // node to node and to the table. See mountGraphs for the contract with js/widget.js.
 import { createLayout } from "./layout.js";
 import {
-  buildView, chainOf, counterparts, defaultCollapsed, errorPath, indexGraph, neighbourhood, paintClusters,
-  paintGraph, parseSpec,
+  buildView, chainOf, counterparts, defaultCollapsed, errorPath, indexGraph, neighbourhood, nodeTitle, paintClusters,
+  paintGraph, parseSpec, partOf,
 } from "./model.js";
+import { fmtInt, visible } from "../format.js";
 import { createPane, el } from "./pane.js";
 import { CSS } from "./style.js";
 import { colorFor as defaultColorFor, ERROR_FILL, errorColor, ONE_SIDED_FILL } from "./colors.js";
@@ -13,6 +14,10 @@ const SIDES = ["fx", "onnx"];
 const OTHER = { fx: "onnx", onnx: "fx" };
 const TITLES = { fx: "torch.export (FX)", onnx: "ONNX" };
 const BIG_CLUSTER = 150; // expanding a cluster bigger than this keeps its sub-modules closed
+// Graphviz (WebAssembly) recurses along a chain: 12,000 nodes in a row overflow its stack (node, 8,000
+// pass). A view with more boxes than MAX_BOXES draws a part of PART nodes instead, and says so.
+export const MAX_BOXES = 4000;
+export const PART = 1500;
 
 /**
  * ctx = { model, el, getRows(), onRows(cb) -> unsubscribe, colorFor(err, status), select(i), onSelect(cb) }.
@@ -74,7 +79,7 @@ export function mountGraphs(ctx) {
     try {
       spec = parseSpec(ctx.model.get(`${side}_dot`));
     } catch (e) {
-      s.pane.message(`Cannot read the graph: ${e.message}`);
+      s.pane.message(`Cannot read the graph: ${visible(e.message)}`);
       return;
     }
     if (!spec) {
@@ -104,15 +109,34 @@ export function mountGraphs(ctx) {
     const s = sides[side];
     if (!s.g) return;
     performance.mark(`sbsg:render-${side}`);
-    const only = state.hood && state.selected ? hoodOf(side) : null;
-    s.view = buildView(s.g, { collapsed: s.collapsed, only, paint: s.paint, clusterPaint: s.clusterPaint, colorFor });
+    let only = state.hood && state.selected ? hoodOf(side) : null;
+    const opts = { collapsed: s.collapsed, paint: s.paint, clusterPaint: s.clusterPaint, colorFor };
+    s.view = buildView(s.g, { ...opts, only });
+    const boxes = new Set(s.view.repOf.filter(Boolean)).size + s.view.proxies.size;
+    s.pane.note("");
+    if (boxes > MAX_BOXES || only?.size > MAX_BOXES) {
+      // Too big for one layout: the part around the selection, or the start of the graph.
+      const starts = state.selected ? startsOf(side) : [];
+      only = partOf(s.g, starts, PART);
+      s.view = buildView(s.g, { ...opts, only });
+      s.pane.note(`This view has ${fmtInt(boxes)} boxes (${fmtInt(s.g.nodes.length)} nodes), more than ` +
+        `Graphviz lays out at once (${fmtInt(MAX_BOXES)}): showing ${fmtInt(only.size)} nodes ` +
+        `${starts.length ? "around the selection" : "from the start of the graph"}. Select a row in the table or a ` +
+        `node to draw its surroundings; collapse modules or tick "neighbourhood" for a smaller view.`);
+    }
     const seq = ++s.renderSeq;
     const start = performance.now();
     let svg;
     try {
       svg = await s.layout.render(s.view.dot);
     } catch (e) {
-      s.pane.message(`Layout failed: ${e.message}`);
+      if (seq !== s.renderSeq || state.disposed) return;
+      const msg = visible(e.message);
+      const deep = /call stack|stack size|recursion|memory/i.test(msg);
+      s.pane.message(deep
+        ? `Graphviz could not lay out this view of ${fmtInt(s.g.nodes.length)} nodes (${msg}). ` +
+          `Select a row in the table and tick "neighbourhood" to draw a part, or collapse modules.`
+        : `Layout failed: ${msg}`);
       return;
     }
     if (seq !== s.renderSeq || state.disposed) return; // a newer view was asked for meanwhile
@@ -124,7 +148,13 @@ export function mountGraphs(ctx) {
       const i = Number(key.slice(1));
       return key[0] === "n" ? s.g.nodes[i].id : `cluster:${s.g.spec.clusters[i].path}`;
     };
-    s.pane.annotate(idOf);
+    const titleOf = (key) => {
+      if (key[0] === "p") return titleOf(s.view.proxies.get(key));
+      const i = Number(key.slice(1));
+      if (key[0] === "n") return nodeTitle(s.g, i);
+      return `${visible(s.g.spec.clusters[i].path)}\n${fmtInt(s.g.size[i])} nodes`;
+    };
+    s.pane.annotate(idOf, titleOf);
     applyPaint(side);
     highlight();
     if (centerOn) s.pane.center(keysOf(side, centerOn)) || s.pane.fit(true);
@@ -213,11 +243,15 @@ export function mountGraphs(ctx) {
     return counterparts(s.g, o.g, idx, rows);
   }
 
-  function hoodOf(side) {
+  function startsOf(side) {
     const sel = state.selected;
-    const starts = sel.side === side ? [sel.idx] : linked(sel.side, sel.idx);
-    return neighbourhood(sides[side].g, starts.length ? starts : [], state.k);
+    return sel.side === side ? [sel.idx] : linked(sel.side, sel.idx);
   }
+
+  const hoodOf = (side) => neighbourhood(sides[side].g, startsOf(side), state.k);
+
+  /** True when every node of `nodes` is drawn (a part of a huge graph may leave them out). */
+  const drawn = (side, nodes) => nodes.every((i) => sides[side].view?.repOf[i]);
 
   function onHover(side, key) {
     for (const x of SIDES) sides[x].pane.mark("sbsg-hover", []);
@@ -251,7 +285,7 @@ export function mountGraphs(ctx) {
     else {
       highlight();
       // Bring the counterpart into view; open its modules first if they are closed.
-      if (twins.length && !revealed(other, twins)) render(other, { centerOn: { nodes: twins } });
+      if (twins.length && (!revealed(other, twins) || !drawn(other, twins))) render(other, { centerOn: { nodes: twins } });
       else sides[other].pane.center(keysOf(other, { nodes: twins }));
     }
   }
@@ -311,7 +345,7 @@ export function mountGraphs(ctx) {
     for (const side of SIDES) {
       const nodes = found[side] !== undefined ? [found[side]] : first.side === side ? [] : linked(first.side, first.idx);
       if (!nodes.length) continue;
-      if (state.hood || !revealed(side, nodes)) render(side, { centerOn: { nodes } });
+      if (state.hood || !revealed(side, nodes) || !drawn(side, nodes)) render(side, { centerOn: { nodes } });
       else (highlight(), sides[side].pane.center(keysOf(side, { nodes })));
     }
   });

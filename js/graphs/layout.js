@@ -52,7 +52,9 @@ const waiting = [];
         setTimeout(() => viz.render(dot, { format: "svg" }), 0);
       }
     } catch (error) {
-      self.postMessage({ id, error: String(error) });
+      // Thrown out of the wasm (a stack overflow on a very deep graph): the instance may be left
+      // broken, so the page replaces this worker.
+      self.postMessage({ id, error: String(error), fatal: true });
     }
   };
   self.onmessage = serve;
@@ -97,12 +99,7 @@ export function createLayout() {
   let nextId = 0;
   const pending = new Map();
   let failed = null; // the worker could not start Graphviz: every render goes to the main thread
-  try {
-    worker = warm.shift() ?? startWorker();
-  } catch {
-    worker = null;
-  }
-  if (worker) {
+  const attach = () => {
     worker.onmessage = ({ data }) => {
       if (data.ready) {
         // the worker's steps on the page's timeline (devtools' performance panel, benchmarks)
@@ -117,6 +114,13 @@ export function createLayout() {
       }
       const p = pending.get(data.id);
       pending.delete(data.id);
+      if (data.fatal) {
+        // a fresh Graphviz for the next layouts; the ones waiting go to it
+        worker.terminate();
+        worker = startWorker();
+        attach();
+        for (const [id, q] of pending) worker.postMessage({ id, dot: q.dot });
+      }
       if (!p) return;
       if (data.error) p.reject(new Error(data.error));
       else p.resolve(data.svg);
@@ -126,10 +130,22 @@ export function createLayout() {
       failed = e.message || "layout worker failed";
       for (const [id, p] of pending) p.fallback(id);
     };
+  };
+  try {
+    worker = warm.shift() ?? startWorker();
+  } catch {
+    worker = null;
   }
+  if (worker) attach();
   const onMainThread = async (dot) => {
     const viz = await mainThreadViz();
-    const result = viz.render(dot, { format: "svg" });
+    let result;
+    try {
+      result = viz.render(dot, { format: "svg" });
+    } catch (error) {
+      mainVizPromise = null; // see the worker: a new instance for the next layout
+      throw error;
+    }
     if (result.status !== "success") throw new Error(result.errors.map((e) => e.message).join("; "));
     return result.output;
   };
@@ -143,7 +159,7 @@ export function createLayout() {
           pending.delete(key);
           onMainThread(dot).then(resolve, reject);
         };
-        pending.set(id, { resolve, reject, fallback });
+        pending.set(id, { resolve, reject, fallback, dot });
         worker.postMessage({ id, dot });
       });
     },

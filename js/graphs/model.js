@@ -2,6 +2,8 @@
 // errors painted on them, which clusters are collapsed, and the DOT that draws the current view.
 // Tested with node's test runner (model.test.js); the browser side lives in pane.js and index.js.
 
+import { labelText, visible } from "../format.js";
+
 export const SPEC_MARKER = "// sbs-graph-spec ";
 const SEVERITY = { error: 4, mismatch: 3, reset: 2, ok: 1, "one-sided": 0 };
 
@@ -60,7 +62,7 @@ export function chainOf(g, i) {
 export function defaultCollapsed(g, budget = 300) {
   if (g.nodes.length <= budget) return new Set();
   const nodeDepth = g.nodes.map((x) => (x.cluster < 0 ? 0 : g.depth[x.cluster] + 1));
-  const maxDepth = Math.max(0, ...g.depth);
+  const maxDepth = g.depth.reduce((a, b) => Math.max(a, b), 0); // no spread: 100k+ clusters overflow it
   let open = 0;
   for (let d = 1; d <= maxDepth; d++) {
     const count = nodeDepth.filter((x) => x <= d).length + g.depth.filter((x) => x === d).length;
@@ -199,28 +201,36 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
     const idx = Number(key.slice(1));
     if (isCluster) {
       const p = clusterPaint[idx];
-      const label = `${clusterLabel(g, idx)}\n${g.size[idx]} node${g.size[idx] === 1 ? "" : "s"}`;
+      const label = `${labelText(clusterLabel(g, idx))}\n${g.size[idx]} node${g.size[idx] === 1 ? "" : "s"}`;
       place(clusters[idx].parent, `${key} [label=${quote(label)} shape=box3d style="filled" fillcolor=${quote(fill(p, colorFor))}]`);
     } else {
       const x = g.nodes[idx];
+      // Python already shortened and escaped each line (graphs_spec.label_text); again here for any spec.
+      const label = String(x.label ?? x.name).split("\n").map((line) => labelText(line)).join("\n");
       const shape = x.kind === "node" ? "" : x.kind === "weight" ? " shape=cylinder" : " shape=ellipse";
-      place(x.cluster, `${key} [label=${quote(x.label)}${shape} fillcolor=${quote(fill(paint[idx], colorFor))}]`);
+      place(x.cluster, `${key} [label=${quote(label)}${shape} fillcolor=${quote(fill(paint[idx], colorFor))}]`);
     }
   }
   const used = new Set(); // clusters holding something shown, with their ancestors
   for (const c of inCluster.keys()) for (let k = c; k >= 0 && !used.has(k); k = clusters[k].parent) used.add(k);
-  const emit = (c, indent) => {
-    for (const line of inCluster.get(c) || []) lines.push(indent + line);
-    for (const k of c < 0 ? roots(g) : g.children[c]) {
-      if (!used.has(k) || (collapsed.has(k) && !only)) continue;
-      const p = clusterPaint[k];
-      lines.push(`${indent}subgraph cluster_${k} {`);
-      lines.push(`${indent}  label=${quote(clusterLabel(g, k))} style=rounded penwidth=2 color=${quote(p ? fill(p, colorFor) : "#999999")}`);
-      emit(k, indent + "  ");
+  // Depth first with an explicit stack: a hostile module depth must not overflow ours. A cluster's
+  // boxes come first, then its sub-clusters in order, then its closing brace.
+  const todo = [["members", -1, ""]];
+  while (todo.length) {
+    const [what, c, indent] = todo.pop();
+    if (what === "close") {
       lines.push(`${indent}}`);
+    } else if (what === "open") {
+      const p = clusterPaint[c];
+      lines.push(`${indent}subgraph cluster_${c} {`);
+      lines.push(`${indent}  label=${quote(labelText(clusterLabel(g, c)))} style=rounded penwidth=2 color=${quote(p ? fill(p, colorFor) : "#999999")}`);
+      todo.push(["close", c, indent], ["members", c, `${indent}  `]);
+    } else {
+      for (const line of inCluster.get(c) || []) lines.push(indent + line);
+      const kids = (c < 0 ? roots(g) : g.children[c]).filter((k) => used.has(k) && !(collapsed.has(k) && !only));
+      for (let j = kids.length - 1; j >= 0; j--) todo.push(["open", kids[j], indent]);
     }
-  };
-  emit(-1, "");
+  }
   const edges = new Map(); // source box -> target boxes
   for (const [a, b] of g.spec.edges) {
     const ra = repOf[a];
@@ -232,7 +242,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
   // gets a small stub named after the source instead; `proxies` maps a stub to the box it stands for.
   const proxies = new Map();
   const stubs = new Map(); // "source->target" drawn through a stub -> the stub's key
-  const labelOf = (key) => (key[0] === "c" ? clusterLabel(g, Number(key.slice(1))) : g.nodes[Number(key.slice(1))].name);
+  const labelOf = (key) => labelText(key[0] === "c" ? clusterLabel(g, Number(key.slice(1))) : g.nodes[Number(key.slice(1))].name);
   for (const [ra, targets] of edges) {
     if (targets.size < broadcast) {
       for (const rb of targets) lines.push(`${ra}->${rb}`);
@@ -266,8 +276,30 @@ function fill(p, colorFor) {
 }
 
 /** A DOT double-quoted string showing `text` literally (mirrors sbs_widget.graphs.quote): backslashes
- * doubled so Graphviz escapes in model names stay text, quotes escaped, newlines kept as line breaks.
- * Graphviz XML-escapes the SVG it writes, so markup in names is drawn as text. */
+ * doubled so Graphviz escapes (\\N, \\l) in model names stay text, quotes escaped, newlines kept as line
+ * breaks, NULs and other hidden characters shown as escapes (Graphviz reads a NUL as the end of its
+ * input). Graphviz XML-escapes the SVG it writes, so markup in names is drawn as text. */
 export function quote(text) {
-  return `"${String(text).replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\r/g, "").replace(/\n/g, "\\n")}"`;
+  const lines = String(text).split("\n").map((line) => visible(line).replace(/\\/g, "\\\\").replace(/"/g, '\\"'));
+  return `"${lines.join("\\n")}"`;
+}
+
+/** Hover text of node `i`: its full name (never shortened) and op, hidden characters escaped. */
+export function nodeTitle(g, i) {
+  const x = g.nodes[i];
+  return (x.kind === "node" || x.kind === "weight") && x.op ? `${visible(x.name)}\n${visible(x.op)}` : visible(x.name);
+}
+
+/** Up to `limit` nodes to draw when the whole view is more than Graphviz can lay out: breadth first
+ * from `starts` (both edge directions), or the first nodes in graph order when nothing is selected. */
+export function partOf(g, starts, limit) {
+  if (!starts.length) return new Set(g.nodes.slice(0, limit).map((_, i) => i));
+  const seen = new Set(starts.slice(0, limit));
+  const queue = [...seen];
+  for (let q = 0; q < queue.length && seen.size < limit; q++)
+    for (const j of [...g.preds[queue[q]], ...g.succs[queue[q]]]) {
+      if (seen.size >= limit) break;
+      if (!seen.has(j)) (seen.add(j), queue.push(j));
+    }
+  return seen;
 }

@@ -1,6 +1,7 @@
 // The standalone graphs page written by `python -m sbs_widget graph`: reads the data embedded in the
 // page, shows a small records table and the linked graphs. Works offline from a file:// URL.
 import { colorFor } from "./colors.js";
+import { visible } from "../format.js";
 import { mountGraphs } from "./index.js";
 import { prewarmLayout } from "./layout.js";
 
@@ -24,7 +25,7 @@ function main() {
   style.textContent = TABLE_CSS;
   document.head.append(style);
   const h1 = document.createElement("h1");
-  h1.textContent = data.title;
+  h1.textContent = visible(data.title);
   const graphs = document.createElement("div");
   const tableBox = document.createElement("div");
   tableBox.className = "sbsp-table";
@@ -92,7 +93,8 @@ function row(r, trs, select) {
   for (const c of COLUMNS) {
     const td = tr.insertCell();
     const v = r[c];
-    td.textContent = v === null || v === undefined ? "" : typeof v === "number" && c !== "i" ? v.toExponential(2) : String(v);
+    // names come from models: bidi controls and NULs shown as escapes, so no name displays as another
+    td.textContent = v === null || v === undefined ? "" : typeof v === "number" && c !== "i" ? v.toExponential(2) : visible(v);
     td.title = td.textContent;
     if (c === "err_abs") td.style.background = colorFor(r.err_abs, r.status);
   }

@@ -7,10 +7,12 @@ const SHAPES = "polygon, path, ellipse";
 export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLabelClick }) {
   const box = el("div", "sbsg-pane");
   const head = el("div", "sbsg-pane-head", title);
+  const note = el("div", "sbsg-note"); // why only a part of the graph is drawn
+  note.hidden = true;
   const viewport = el("div", "sbsg-viewport");
   const stage = el("div", "sbsg-stage");
   viewport.append(stage);
-  box.append(head, viewport);
+  box.append(head, note, viewport);
   root.append(box);
 
   let view = { x: 0, y: 0, s: 1 };
@@ -120,9 +122,21 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
     },
     has: (key) => items.has(key),
     /** Put `idOf(key)` (the spec's node id, e.g. "fx:add_3") on each box as data-id, for tests and
-     * for anyone inspecting the page. */
-    annotate(idOf) {
-      for (const [key, g] of items) g.dataset.id = idOf(key);
+     * for anyone inspecting the page, and `titleOf(key)` as its tooltip (the full name: labels are
+     * shortened). Text only: a <title> element filled by textContent. */
+    annotate(idOf, titleOf) {
+      for (const [key, g] of items) {
+        g.dataset.id = idOf(key);
+        if (!titleOf) continue;
+        const t = g.ownerDocument.createElementNS("http://www.w3.org/2000/svg", "title");
+        t.textContent = titleOf(key);
+        g.prepend(t);
+      }
+    },
+    /** A line above the drawing (empty: none). */
+    note(text) {
+      note.textContent = text || "";
+      note.hidden = !text;
     },
     /** Glide so that the boxes `keys` sit in the middle; zooms in if they would be unreadably small. */
     center(keys) {

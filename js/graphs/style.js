@@ -23,6 +23,7 @@ export const CSS = `
 .sbsg-stage { position: absolute; left: 0; top: 0; transform-origin: 0 0; will-change: transform; }
 .sbsg-stage.sbsg-glide { transition: transform 0.35s ease-out; }
 .sbsg-message { padding: 12px; color: #666; } /* on the light canvas */
+.sbsg-note { padding: 2px 6px; background: #fff4d6; color: #5a4300; border-bottom: 1px solid #e6cf8a; }
 .sbsg-status { color: var(--jp-ui-font-color2, #666); font-variant-numeric: tabular-nums; }
 .sbsg g.node { cursor: pointer; }
 .sbsg g.cluster > text { cursor: pointer; }
