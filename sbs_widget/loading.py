@@ -21,6 +21,7 @@ import onnx
 import torch
 
 from .errors import InputError, LoadError, ModelMismatchError
+from .pt2_checks import check_pt2, drop_guards
 from .untrusted import load_data, load_program, refused_global, register_transformers_type, unregistered_type
 
 
@@ -37,12 +38,14 @@ def load_exported_program(ep) -> torch.export.ExportedProgram:
             raise LoadError(f"ExportedProgram file not found: {path!r}")
         with contextlib.suppress(ImportError):  # registers transformers' ModelOutput pytree nodes
             import transformers.modeling_outputs  # noqa: F401
-        program, errors = load_program(path)  # data only: a .pt2 may come from anyone
+        check_pt2(path)  # nothing in it runs code: no pickled object, expression or call of the file's
+        program, errors = load_program(path)  # and the pickled tensors are read as data only
         missing = next(filter(None, map(unregistered_type, errors)), None)
         if program is None and missing is not None and register_transformers_type(missing):
             program, errors = load_program(path)  # a KV cache, say
             missing = next(filter(None, map(unregistered_type, errors)), None)
         if program is not None:
+            drop_guards(program)
             return program
         if missing is not None:
             raise LoadError(

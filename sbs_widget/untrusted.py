@@ -26,6 +26,8 @@ import torch
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (transformers\.cache_utils\.\w+) was not an allowed global")
 _REFUSED = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+# where transformers defines the types its exports carry (caches, ModelOutputs)
+_TRANSFORMERS_MODULES = re.compile(r"transformers\.(cache_utils|modeling_outputs|models\.\w+\.modeling_\w+)")
 _TORCH_LOAD = torch.load  # the real one, whoever patches torch.load later
 
 
@@ -45,8 +47,8 @@ def register_transformers_type(serialized_name: str) -> bool:
     """Register transformers' class ``serialized_name`` (``module:Class``) as a pytree node, the way
     transformers' own exporter does; False when it is not a transformers class or cannot be."""
     module, _, qualname = serialized_name.partition(":")
-    if not module.startswith("transformers.") or not qualname:
-        return False
+    if not _TRANSFORMERS_MODULES.fullmatch(module) or not qualname.isidentifier():
+        return False  # the name comes from the file: import nothing else
     try:
         cls = getattr(importlib.import_module(module), qualname)
         from transformers.exporters.exporter_dynamo import register_pytree_node
