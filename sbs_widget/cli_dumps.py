@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import collections
 
+from .tolerance import cli_tolerance
+
 
 def register_cli(subparsers) -> None:
     """Add the ``steal-compare`` sub-command to ``subparsers``."""
@@ -16,28 +18,32 @@ def register_cli(subparsers) -> None:
     )
     p.add_argument("--dump", required=True, help="dump file written by steal_forward")
     p.add_argument("--onnx", required=True, help="ONNX model exported with dynamo=True")
-    p.add_argument("-o", "--output", help="write one row per record to this CSV file")
-    p.add_argument("--atol", type=float, default=None,
+    p.add_argument("-o", "--output", help="write one row per record; format by extension: .csv, .xlsx, .parquet")
+    p.add_argument("--atol", type=cli_tolerance, default=None,
                    help="default: 1e-4, or 3e-2 when the dump holds float16 values")
-    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
+    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
     p.add_argument("--root-iteration", type=int, default=0, help="which call of the top-level module to use")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .cli import check_output_file
+    from .cli_compare import write_records
     from .module_compare import compare_dump
-    from .records import MISMATCH, OK, to_dataframe
+    from .records import MISMATCH, OK
+    from .safe_text import visible
 
+    check_output_file(args.output, (".csv", ".xlsx", ".parquet"))  # before the work, not after
     records = list(compare_dump(args.dump, args.onnx, atol=args.atol, rtol=args.rtol,
                                 root_iteration=args.root_iteration))
     if args.output:
-        to_dataframe(records).to_csv(args.output, index=False)
+        write_records(records, args.output)  # complete or absent; spreadsheet cells neutralised
     counts = collections.Counter(r.status for r in records)
     print(f"{len(records)} module output(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     first = next((r for r in records if r.status == MISMATCH), None)
     if first is None:
         print("no mismatch" if counts.get(OK) == len(records) else "no mismatch among compared values")
         return 0
-    print(f"first mismatch: {first.ep_name} (ONNX {first.onnx_name}, {first.onnx_op_type}) "
-          f"err_abs={first.err_abs} {first.comment}".rstrip())
+    print(visible(f"first mismatch: {first.ep_name} (ONNX {first.onnx_name}, {first.onnx_op_type}) "
+                  f"err_abs={first.err_abs} {first.comment}".rstrip()))
     return 1

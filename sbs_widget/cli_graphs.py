@@ -17,7 +17,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--onnx", required=True, help="ONNX model (.onnx) exported from that program")
     p.add_argument("--inputs", help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
                    "without it the graphs are drawn unpainted")
-    p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write")
+    p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write (.html or .htm; the "
+                   "graphs are drawn by the page, there is no image output)")
     p.add_argument("--atol", type=float, default=None,
                    help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
     p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
@@ -26,16 +27,20 @@ def register_cli(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from .cli import check_output_file
     from .engine import prepare  # the decomposed program: records name its nodes, not the user's
     from .graphs_html import write_graphs_html
     from .loading import load_inputs
+    from .safe_text import atomic_path, visible
 
+    check_output_file(args.output, (".html", ".htm"))  # g.png, a missing folder: said before the run
     prepared = prepare(args.ep, args.onnx)
     records = []
     if args.inputs:
         inputs, kwargs = load_inputs(args.inputs, None)
         records = list(prepared.run(args=inputs, kwargs=kwargs, atol=args.atol, rtol=args.rtol))
-    out = write_graphs_html(args.output, prepared, records, title=args.title or f"{args.ep} vs {args.onnx}")
+    with atomic_path(args.output) as tmp:  # complete or absent
+        write_graphs_html(tmp, prepared, records, title=args.title or f"{args.ep} vs {args.onnx}")
     bad = sum(r.status != "ok" for r in records)
-    print(f"wrote {out} ({len(records)} records, {bad} not ok)")
+    print(visible(f"wrote {args.output} ({len(records)} records, {bad} not ok)"))
     return 0

@@ -28,10 +28,15 @@ from onnx import numpy_helper
 from .errors import InputError
 from .local import ANCHOR, local_model
 from .onnx_index import ONNX_TO_NUMPY
+from .safe_text import short_name
 from .segments import numpy_elem_type
 
 OUTPUT = "expected"
+BUNDLE_FILES = ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py",
+                "info.json")
 
+# Model strings enter the script only as repr() literals (VALUE, NODES, NAMES): a name holding quotes,
+# backslashes, \N, newlines or NUL cannot break or inject code.
 REPLAY = '''"""Replay this repro bundle: run model.onnx on the torch inputs and compare with torch's output.
 
     python replay.py
@@ -41,8 +46,12 @@ import os
 import numpy as np
 import onnxruntime
 
+VALUE = {value}
+NODES = {nodes}
+NAMES = {names}  # key in inputs.npz -> model input name (long or odd names have short keys)
+
 here = os.path.dirname(os.path.abspath(__file__))
-inputs = dict(np.load(os.path.join(here, "inputs.npz")))
+inputs = {{NAMES.get(k, k): v for k, v in np.load(os.path.join(here, "inputs.npz")).items()}}
 expected = np.load(os.path.join(here, "expected.npz"))["expected"]
 session = onnxruntime.InferenceSession(os.path.join(here, "model.onnx"), providers=["CPUExecutionProvider"])
 got = session.run(None, inputs)[0]
@@ -50,8 +59,8 @@ if got.shape != expected.shape and got.size == expected.size:
     got = got.reshape(expected.shape)
 diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
 finite = np.isfinite(diff)
-print("value: {value}")
-print("nodes: {nodes}")
+print(f"value: {{VALUE!r}}")  # repr: no control character reaches the terminal
+print(f"nodes: {{', '.join(map(repr, NODES))}}")
 print(f"shape: {{tuple(got.shape)}} dtype: {{got.dtype}}")
 print(f"max abs error: {{float(diff[finite].max()) if finite.any() else 0.0:.6g}}")
 print(f"NaN/Inf mismatches: {{int((~finite).sum())}}")
@@ -199,18 +208,31 @@ def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: f
 
     onnx.save(model, path("model.onnx"))
     torch.save({a: torch.from_numpy(v.copy()) for a, v in feeds.items()}, path("inputs.pt"))
-    np.savez(path("inputs.npz"), **feeds)
+    keys = _npz_keys(feeds)  # zip entry names: a 100k-character name cannot be one
+    np.savez(path("inputs.npz"), **{k: feeds[a] for k, a in keys.items()})
     torch.save({OUTPUT: expected_t.detach().cpu().clone()}, path("expected.pt"))
     np.savez(path("expected.npz"), **{OUTPUT: expected})
     with open(path("fx.txt"), "w", encoding="utf-8") as f:
         f.write(_fx_text(p, fx_out, torch_vals, g))
     with open(path("replay.py"), "w", encoding="utf-8") as f:
-        f.write(REPLAY.format(value=value.replace('"', "'"), nodes=", ".join(node_names).replace('"', "'")))
+        f.write(REPLAY.format(value=repr(value), nodes=repr(list(node_names)), names=repr(keys)))
     err = _replay_error(model, feeds, expected)
     with open(path("info.json"), "w", encoding="utf-8") as f:
         json.dump({"value": value, "fx_node": fx_out, "nodes": node_names, "anchors": list(g.anchors),
+                   "npz_keys": keys,
                    "constants": list(g.constants), "err_abs": err, "atol": atol, "rtol": rtol}, f, indent=1)
     return ReproBundle(folder, value, node_names, err, files)
+
+
+def _npz_keys(feeds: dict) -> dict[str, str]:
+    """Short, distinct, file-safe keys for ``inputs.npz`` -> the model input names they stand for."""
+    keys: dict[str, str] = {}
+    for k, name in enumerate(feeds):
+        key = short_name(name)
+        if key in keys or key in ("file", "allow_pickle", "args"):  # np.savez's own parameters
+            key = f"{key}_{k}"
+        keys[key] = name
+    return keys
 
 
 def _replay_error(model, feeds, expected) -> float:

@@ -10,6 +10,7 @@ import torch
 from . import records as R
 from .fx_runner import dead_nodes
 from .records import Record
+from .safe_text import clipped, visible
 
 _COMPARED = (R.OK, R.MISMATCH, R.RESET)
 
@@ -39,6 +40,7 @@ class Summary:
         return self.covered / denominator if denominator > 0 else None
 
     def lines(self) -> list[str]:
+        """The summary as printable lines (control and bidi characters in names shown escaped)."""
         out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
         if self.coverage is not None:
@@ -48,11 +50,11 @@ class Summary:
                        "value to compare)")
         if self.worst is not None:
             w = self.worst
-            out.append(f"worst pair: {w.ep_name} / {w.onnx_name} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
+            out.append(f"worst pair: {_n(w.ep_name)} / {_n(w.onnx_name)} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
         if self.first_beyond is not None:
             f = self.first_beyond
-            out.append(f"first pair beyond tolerance: {f.ep_name} / {f.onnx_name} ({f.onnx_op_type}, "
-                       f"module {f.module or '-'}) err_abs={f.err_abs:.3g}"
+            out.append(f"first pair beyond tolerance: {_n(f.ep_name)} / {_n(f.onnx_name)} ({f.onnx_op_type}, "
+                       f"module {_n(f.module) or '-'}) err_abs={f.err_abs:.3g}"
                        + (f", beyond tolerance at {f.err_where}" if f.err_where else ""))
         else:
             out.append("no pair beyond tolerance")
@@ -63,7 +65,12 @@ class Summary:
                        "bfloat16 kernels: compare on CUDA inputs or with runtime 'onnx.reference' "
                        "(CLI: --runtime onnx.reference)")
         out.extend(f"note: {n}" for n in self.notes)
-        return out
+        return [visible(line) for line in out]  # lines for a terminal: names may hold ESC or bidi codes
+
+
+def _n(name) -> str:
+    # a name in a terminal line: a 100k-character one would bury the summary
+    return clipped(name) if isinstance(name, str) else str(name)
 
 
 def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
