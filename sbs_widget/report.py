@@ -101,5 +101,8 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
         bundle=base64.b64encode(_BUNDLE.read_bytes()).decode("ascii"),
     )
     path = pathlib.Path(path)
-    path.write_text(page, encoding="utf-8")
+    from .safe_text import atomic_path
+
+    with atomic_path(path) as tmp:  # a failed write leaves no half page
+        pathlib.Path(tmp).write_text(page, encoding="utf-8")
     return path
