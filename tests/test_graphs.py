@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget.graphs import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph, quote
+from sbs_widget.graphs import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph
 from sbs_widget.graphs_spec import fx_spec, onnx_spec
 from sbs_widget.records import Record
 
