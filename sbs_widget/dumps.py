@@ -122,7 +122,11 @@ def _decode(node, tensors: list):
             raise LoadError(f"dump: unknown dtype {node['v']!r}")
         return dtype
     if tag == "device":
-        return torch.device(node["v"])
+        try:
+            return torch.device(node["v"])
+        except (RuntimeError, TypeError, ValueError):
+            raise LoadError(f"dump: unknown device {str(node['v'])[:80]!r}; a dump names devices such as "
+                            "'cpu' or 'cuda:0'") from None
     if tag == "size":
         return torch.Size(node["v"])
     if tag == "namedtuple":
@@ -373,7 +377,7 @@ def load_dump(path) -> dict:
     try:
         doc = json.loads(props[METADATA_KEY])
         entries = doc["entries"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise LoadError(f"{path}: corrupt dump metadata ({e})") from e
     if doc.get("version") != FORMAT_VERSION:
         raise LoadError(f"{path}: dump format version {doc.get('version')} is not {FORMAT_VERSION}")
@@ -388,7 +392,7 @@ def load_dump(path) -> dict:
         try:
             tensors = [constants[n] for n in e["tensors"]]
             result[(e["name"], e["iteration"], e["kind"])] = _decode(e["value"], tensors)
-        except (KeyError, IndexError, TypeError) as err:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as err:
             raise LoadError(f"{path}: entry {e.get('name')!r} is inconsistent ({err!r})") from err
     return result
 

@@ -54,6 +54,9 @@ def check_inputs(program: torch.export.ExportedProgram, flat: list) -> None:
             if not isinstance(value, torch.Tensor):
                 raise InputError(f"input {node.name!r} must be a tensor ({expected.dtype}, shape "
                                  f"{tuple(expected.shape)}), got {type(value).__name__}")
+            if value.device.type == "meta":
+                raise InputError(f"input {node.name!r} is on the meta device: it has a shape but no values "
+                                 "to compare; pass real tensors (torch.randn(...), or the model's inputs)")
             if value.dtype != expected.dtype:
                 raise InputError(f"input {node.name!r} has dtype {value.dtype}, the program was exported "
                                  f"with {expected.dtype}; convert it with .to({expected.dtype})")

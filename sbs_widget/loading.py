@@ -21,6 +21,7 @@ import onnx
 import torch
 
 from .errors import InputError, LoadError, ModelMismatchError
+from .onnx_checks import check_model
 from .pt2_checks import check_pt2, drop_guards
 from .untrusted import load_data, load_program, refused_global, register_transformers_type, unregistered_type
 
@@ -72,19 +73,27 @@ def load_exported_program(ep) -> torch.export.ExportedProgram:
 
 
 def load_onnx_model(onx) -> onnx.ModelProto:
+    """The ONNX model ``onx`` (a ModelProto or a path), checked (``onnx_checks``) before it is run."""
     if isinstance(onx, onnx.ModelProto):
+        check_model(onx)
         return onx
     if isinstance(onx, (str, os.PathLike)):
         path = os.fspath(onx)
-        if not os.path.exists(path):
-            raise LoadError(f"ONNX file not found: {path!r}")
+        if not os.path.isfile(path):
+            raise LoadError(f"ONNX file not found: {path!r}" if not os.path.exists(path) else
+                            f"{path!r} is not a file: pass the path of the .onnx file")
+        if os.path.getsize(path) == 0:
+            raise LoadError(f"ONNX file {path!r} is empty (0 bytes): the export or the copy did not finish; "
+                            "export the model again")
         try:
-            return onnx.load(path, load_external_data=True)
+            model = onnx.load(path, load_external_data=True)
         except Exception as e:
             raise LoadError(
                 f"cannot load ONNX model {path!r} ({type(e).__name__}: {e}); the file is truncated, "
                 "corrupt, or its external data files are not next to it"
             ) from e
+        check_model(model, f"ONNX model {path!r}")
+        return model
     raise InputError(f"onx must be an onnx.ModelProto or a path to a .onnx file, not {type(onx).__name__}")
 
 
@@ -115,8 +124,12 @@ def load_inputs(args, kwargs) -> tuple[tuple, dict]:
             args, kwargs = tuple(data[0]), {**data[1], **(kwargs or {})}
         elif isinstance(data, torch.Tensor):
             args = (data,)
-        else:
+        elif isinstance(data, (tuple, list)):
             args = tuple(data)
+        else:
+            raise InputError(
+                f"inputs file {path!r} holds a {type(data).__name__}, not inputs: save a tuple or list of the "
+                "model's positional inputs, a dict of its keyword inputs, a pair (args, kwargs) or one tensor")
     elif args is None:
         args = ()
     elif isinstance(args, torch.Tensor):
