@@ -50,8 +50,9 @@ def _common(p) -> None:
 
 
 def _check_output(path: str | None) -> None:
-    if path and os.path.splitext(path)[1].lower() not in WRITERS:
-        raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
+    from .cli import check_output_file
+
+    check_output_file(path, WRITERS)  # before the run: a bad -o must not cost the whole comparison
 
 
 def _compare(args) -> int:
@@ -83,6 +84,7 @@ def _demo(args) -> int:
 def _run_and_report(prepared, inputs, kwargs, args) -> int:
     from tqdm import tqdm
 
+    from .safe_text import visible
     from .summary import summarize
     from .tolerance import describe as describe_tolerance
 
@@ -92,7 +94,7 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
         if bar is not None:
             bar.n = done
             if done == total or done % 16 == 0:
-                bar.set_postfix_str(name[:30], refresh=False)
+                bar.set_postfix_str(visible(name[:30]), refresh=False)
                 bar.refresh()
 
     records = []
@@ -107,9 +109,9 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
             bar.close()
         if args.output and records:
             write_records(records, args.output, atol=args.atol, rtol=args.rtol)
-            print(f"wrote {len(records)} records to {args.output}")
+            print(f"wrote {len(records)} records to {visible(args.output)}")
     for line in summarize(records, prepared).lines():
-        print(line)
+        print(visible(line))
     print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
     if getattr(args, "culprits", 0):
         _print_culprits(records, prepared, args)
@@ -121,33 +123,42 @@ def _print_culprits(records, prepared, args) -> None:
         from .culprits import find_culprits
     except ImportError:  # the culprit finder is not part of this build
         return
+    from .safe_text import clipped, visible
+
     found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
     if not found:
         print("culprits: none (every difference is within tolerance)")
     for rank, c in enumerate(found, 1):
-        print(f"culprit {rank}: {c.onnx_op_type} node {c.onnx_node!r} (value {c.onnx_name!r}, module "
-              f"{c.module or '-'}): {c.reason}")
+        print(visible(f"culprit {rank}: {c.onnx_op_type} node {clipped(repr(c.onnx_node))} (value "
+                      f"{clipped(repr(c.onnx_name))}, module "
+                      f"{c.module or '-'}): {c.reason}"))
 
 
 def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4) -> None:
-    """Write records to ``path``, format chosen by extension (.csv, .xlsx, .parquet, .html)."""
+    """Write records to ``path``, format chosen by extension (.csv, .xlsx, .parquet, .html).
+
+    The file appears complete or not at all (written aside, then renamed). CSV and xlsx string cells
+    are neutralised (``safe_text.spreadsheet_cell``): no formula, no control character; parquet and
+    html keep the names exact (typed columns; the page renders text, never markup)."""
     from .records import to_dataframe
+    from .safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
 
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".html":
-        try:
-            from .report import write_html_report
-        except ImportError:  # the widget's report is not part of this build
-            to_dataframe(records).to_html(path, index=False, escape=True)
-            return
-        write_html_report(records, path, atol=atol, rtol=rtol)
-        return
-    df = to_dataframe(records).drop(columns=["histogram"])
-    if ext == ".csv":
-        df.to_csv(path, index=False)
-    elif ext == ".xlsx":
-        df.to_excel(path, index=False)
-    elif ext == ".parquet":
-        df.to_parquet(path, index=False)
-    else:
+    if ext not in WRITERS:
         raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
+    with atomic_path(path) as tmp:
+        if ext == ".html":
+            try:
+                from .report import write_html_report
+            except ImportError:  # the widget's report is not part of this build
+                to_dataframe(records).to_html(tmp, index=False, escape=True)
+            else:
+                write_html_report(records, tmp, atol=atol, rtol=rtol)
+            return
+        df = to_dataframe(records).drop(columns=["histogram"])
+        if ext == ".csv":
+            spreadsheet_frame(df).to_csv(tmp, index=False)
+        elif ext == ".xlsx":
+            spreadsheet_frame(df, XLSX_MAX_CELL).to_excel(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)

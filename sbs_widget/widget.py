@@ -127,7 +127,15 @@ class SbsWidget(anywidget.AnyWidget):
 
     def to_dataframe(self, run: int = -1):
         """Records of run ``run`` (index into ``runs``; default the current one) as a DataFrame."""
-        return to_dataframe(self._runs[run].records if self._runs else [])
+        if not self._runs:
+            return to_dataframe([])
+        n = len(self._runs)
+        if isinstance(run, bool) or not hasattr(run, "__index__") or not -n <= run < n:
+            from .errors import InputError
+
+            raise InputError(f"run={run!r} does not exist: this widget has {n} run(s), give 0 to {n - 1} "
+                             "(or -1, the current one)")
+        return to_dataframe(self._runs[run].records)
 
     def rerun(self, reset_names=None) -> "SbsWidget":
         """Start a new run with ``reset_names`` (default: ``self.reset_names``); earlier runs are kept.
