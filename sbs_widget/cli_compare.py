@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from .errors import InputError
+from .cancel import INTERRUPTED, Cancel, cli_time_limit, ctrl_c
+from .errors import InputError, RunCancelled
 
 WRITERS = (".csv", ".xlsx", ".parquet", ".html")
 
@@ -47,6 +48,8 @@ def _common(p) -> None:
     p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
     p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--time-limit", type=cli_time_limit, default=None, metavar="SECONDS",
+                   help="end the run after this long (the records so far are written; exit code 1)")
 
 
 def _check_output(path: str | None) -> None:
@@ -100,22 +103,52 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
     records = []
     defaults = (args.atol is None, args.rtol is None)
     args.atol, args.rtol = prepared.tolerance(args.atol, args.rtol)
+    # Ctrl-C and --time-limit fire the token: a runtime call in flight is terminated, the run ends
+    token, ended = Cancel(getattr(args, "time_limit", None)), None
     try:
-        for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
-                                reset_names=args.reset, node_local=args.node_local, progress=progress):
-            records.append(rec)
+        with ctrl_c(token, lambda: _write_partial(list(records), args)):
+            try:
+                for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
+                                        reset_names=args.reset, node_local=args.node_local, progress=progress,
+                                        cancel=token):
+                    records.append(rec)
+            except RunCancelled as e:
+                ended = e
     finally:  # whatever happens, what was computed is written
         if bar is not None:
             bar.close()
         if args.output and records:
             write_records(records, args.output, atol=args.atol, rtol=args.rtol)
             print(f"wrote {len(records)} records to {visible(args.output)}")
+    if token.reason == INTERRUPTED:  # Ctrl-C: out at once, with what was computed written above
+        print(f"interrupted: {visible(str(ended or token.error()))}", file=sys.stderr)
+        exit_now(130)
+        return 130
     for line in summarize(records, prepared).lines():
         print(visible(line))
     print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
     if getattr(args, "culprits", 0):
         _print_culprits(records, prepared, args)
+    if ended is not None:  # out of time: the summary above covers what was compared
+        raise ended
     return 0
+
+
+def exit_now(code: int) -> None:
+    """As ``python -m sbs_widget``: exit without the interpreter's teardown (torch's takes seconds,
+    and a thread left in a runtime call would be waited for); called in-process, do nothing."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "sbs_widget.__main__":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _write_partial(records, args) -> None:
+    """Ctrl-C while a runtime call ignores terminate: what was compared is written anyway."""
+    if args.output and records:
+        write_records(records, args.output, atol=args.atol, rtol=args.rtol)
+        print(f"interrupted: wrote {len(records)} records to {args.output}", file=sys.stderr)
 
 
 def _print_culprits(records, prepared, args) -> None:

@@ -141,7 +141,7 @@ def _cache_key(ep, onx) -> tuple:
 def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
                 atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
                 node_local: bool = False, exc: bool = False, progress: Progress | None = None,
-                **options) -> Iterator[Record]:
+                time_limit: float | None = None, **options) -> Iterator[Record]:
     """Run ``ep`` and ``onx`` in lockstep and yield one ``Record`` per aligned pair, in execution order.
 
     - ``ep``/``onx``: see ``prepare``; ``args``/``kwargs`` the model inputs, or ``args`` a path to a
@@ -156,9 +156,12 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
     - ``progress``: called with ``(done, total, current FX node name)``.
     - ``runtime``: ``"onnxruntime"`` (CUDA provider when inputs are on CUDA), ``"onnx.reference"`` or
       an object with ``.name`` and ``.compile(model)``.
+    - ``time_limit``: seconds the run may take (from its first record); past it the run ends with
+      ``RunTimeout`` naming the node it was at (an onnxruntime call in flight is terminated), the
+      records yielded so far being the consumer's to keep.
     - ``keep_sessions=False``: drop each compiled segment once done (see ``Prepared.run``): less
       memory, and reruns compile again.
     """
     prepared = prepare(ep, onx)
     return prepared.run(args, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=reset_names,
-                        node_local=node_local, exc=exc, progress=progress, **options)
+                        node_local=node_local, exc=exc, progress=progress, time_limit=time_limit, **options)

@@ -29,3 +29,17 @@ class ToleranceExceeded(SbsError, AssertionError):
 
 class SbsWidgetWarning(UserWarning):
     """Warnings emitted by sbs_widget (tests turn them into errors)."""
+
+
+class RunCancelled(SbsError):
+    """A run ended before its end: stopped (``SbsWidget.stop()``), interrupted (Ctrl-C) or out of time.
+    The records yielded before it are kept by whoever consumed them."""
+
+    def __init__(self, message: str, reason: str = "stopped", where: str = ""):
+        super().__init__(message)
+        self.reason = reason  # "stopped", "interrupted" or "time limit"
+        self.where = where    # what was running when it ended (an ONNX node or segment)
+
+
+class RunTimeout(RunCancelled, TimeoutError):
+    """The run's ``time_limit`` was reached (``run_aligned(..., time_limit=)``, CLI ``--time-limit``)."""

@@ -15,8 +15,9 @@ import torch
 
 from . import records as R
 from .align import onnx_elem_type
-from .background import background
-from .errors import InputError, ToleranceExceeded
+from .background import renew, submit_if_idle
+from .cancel import Cancel, where_in
+from .errors import InputError, RunCancelled, ToleranceExceeded
 from .fx_runner import FxRunner, program_outputs
 from .local import ANCHOR, LocalGroup, local_model
 from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
@@ -37,8 +38,10 @@ class LockstepRun:
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
-                 histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu")):
+                 histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu"),
+                 cancel: Cancel | None = None):
         self.p, self.flat, self.rt = p, flat, runtime
+        self.cancel = cancel or Cancel()  # time limit, stop, Ctrl-C (checked once per segment)
         self.keep_sessions = keep_sessions
         self.used: list[tuple] = []  # compiled pieces used by the current segment
         self.atol, self.rtol, self.reset = atol, rtol, reset
@@ -293,11 +296,11 @@ class LockstepRun:
             return None
         key, build = self._segment_piece(seg, {x: numpy_elem_type(a) for x, a in feeds.items()})
         self.used.append(key)
-        prepared, runtime, outputs = self.p, self.rt, seg.outputs
+        prepared, runtime, outputs, call = self.p, self.rt, seg.outputs, self.cancel.call
 
         def run() -> tuple[list, float]:
             begin = time.perf_counter()
-            outs = prepared.compiled(runtime, key, build)(feeds, outputs)
+            outs = call(prepared.compiled(runtime, key, build), feeds, outputs)
             return outs, time.perf_counter() - begin
 
         return run
@@ -321,7 +324,7 @@ class LockstepRun:
         """Start running ``seg`` in the runner thread, while the FX side computes the same stretch of
         the model (onnxruntime and torch kernels release the GIL); None when it cannot run whole."""
         job = self._segment_job(seg)
-        return background("sbs-run").submit(job) if job is not None else None
+        return submit_if_idle("sbs-run", job) if job is not None else None
 
     def _run_segment(self, seg: Segment, started: Future | None = None) -> float:
         """Run ``seg`` in this thread (or collect the run ``_start_segment`` started); a segment that
@@ -329,11 +332,16 @@ class LockstepRun:
         begin = time.perf_counter()
         try:
             if started is not None:
-                outs, seconds = started.result()
+                outs, seconds = self.cancel.wait(started, lambda: renew("sbs-run"),
+                                                 lambda: where_in(self.p.index, seg.start, seg.end))
             else:
                 job = self._segment_job(seg)
                 outs, seconds = job() if job is not None else (None, 0.0)
-        except Exception:  # an op the runtime cannot run: find it node by node
+        except RunCancelled:
+            raise
+        except Exception as e:  # an op the runtime cannot run: find it node by node
+            if self.cancel.cancelled:  # (or the call was terminated: the run ends here)
+                raise self.cancel.error(where_in(self.p.index, seg.start, seg.end, e)) from None
             outs = None
         if outs is not None:
             for o, arr in zip(seg.outputs, outs):
@@ -364,11 +372,12 @@ class LockstepRun:
                 self.used.append(key)
                 try:
                     fn = p.compiled(self.rt, key, lambda: self._segment_for_runtime(one, types))
-                    outs = fn(feeds, one.outputs)
+                    outs = self.cancel.call(fn, feeds, one.outputs)
                     for o, arr in zip(one.outputs, outs):
                         self.onnx_env[o] = arr
                         self.onnx_shapes[o] = getattr(arr, "shape", ())
                 except Exception as e:
+                    self.cancel.check(lambda: where_in(p.index, i, i + 1, e))
                     error = f"{self.rt.name} failed on {node.op_type} node {node.name!r}: {type(e).__name__}: " \
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             if error is None:
@@ -407,8 +416,9 @@ class LockstepRun:
         self.used.append(key)
         try:
             fn = p.compiled(self.rt, key, build)
-            outs = fn(feeds, [g.output_name(k) for k, g in enumerate(groups)])
-        except Exception:
+            outs = self.cancel.call(fn, feeds, [g.output_name(k) for k, g in enumerate(groups)])
+        except Exception as e:
+            self.cancel.check(lambda: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
             return self._run_local_one_by_one(groups, feeds)
         return {g.value: o for g, o in zip(groups, outs)}
 
@@ -457,8 +467,9 @@ class LockstepRun:
             self.used.append(key)
             try:
                 fn = self.p.compiled(self.rt, key, lambda: local_model(self.p.index, [g], types)[0])
-                out[g.value] = fn(sub, [g.output_name(0)])[0]
+                out[g.value] = self.cancel.call(fn, sub, [g.output_name(0)])[0]
             except Exception:
+                self.cancel.check(f"at the node-local run of ONNX value {g.value!r}")
                 continue
         return out
 
@@ -566,32 +577,38 @@ class LockstepRun:
 
     # -- the whole run ---------------------------------------------------------------------------
     def records(self) -> Iterator[Record]:
-        p = self.p
-        self.runner.feed(self.flat)
-        # Sessions kept: compile them all ahead; otherwise one segment ahead, each dropped once done.
-        self._compile_ahead(0, None if self.keep_sessions else 2)
-        yield from self._input_records()
-        yield from self._weight_records()
-        for s, (a, b) in enumerate(self.ranges):
-            self.current_segment = s - 1
-            if not self.keep_sessions and s:
-                self._compile_ahead(s + 1, s + 2)
-            seg = p.segment(a, b)
-            started = self._start_segment(seg) if self.alongside[s] else None
-            yield from self._advance_fx(self.fx_need[s])
-            seconds = self._run_segment(seg, started)
-            self.current_segment = s
-            yield from self._segment_records(seg, seconds)
-            self._free_onnx(seg)
-            self._release_fx(self.release_at[s])
-            if not self.keep_sessions:
-                p.forget(self.rt, self.used)
-            self.used.clear()
-            if sum(p.node_bytes[a:b]) >= TRIM_BYTES:
-                _return_freed_memory()
-        yield from self._advance_fx(len(p.fx_nodes))
-        yield from self._output_records()
-        _return_freed_memory()
+        self.cancel.start()
+        try:  # (in place, not a nested generator: every record would pass through one more frame)
+            p = self.p
+            self.runner.feed(self.flat)
+            # Sessions kept: compile them all ahead; otherwise one segment ahead, each dropped once done.
+            self._compile_ahead(0, None if self.keep_sessions else 2)
+            yield from self._input_records()
+            yield from self._weight_records()
+            for s, (a, b) in enumerate(self.ranges):
+                self.cancel.check(lambda: where_in(p.index, a, a + 1).replace("at ", "before ", 1))
+                self.current_segment = s - 1
+                if not self.keep_sessions and s:
+                    self._compile_ahead(s + 1, s + 2)
+                seg = p.segment(a, b)
+                started = self._start_segment(seg) if self.alongside[s] else None
+                yield from self._advance_fx(self.fx_need[s])
+                seconds = self._run_segment(seg, started)
+                self.current_segment = s
+                yield from self._segment_records(seg, seconds)
+                self._free_onnx(seg)
+                self._release_fx(self.release_at[s])
+                if not self.keep_sessions:
+                    p.forget(self.rt, self.used)
+                self.used.clear()
+                if sum(p.node_bytes[a:b]) >= TRIM_BYTES:
+                    _return_freed_memory()
+            self.cancel.check("before the last FX nodes and the outputs")
+            yield from self._advance_fx(len(p.fx_nodes))
+            yield from self._output_records()
+            _return_freed_memory()
+        finally:
+            self.cancel.finish()
 
     def _input_records(self) -> Iterator[Record]:
         for fx_name, onnx_name in self.p.alignment.input_pairs:

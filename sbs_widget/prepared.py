@@ -16,6 +16,7 @@ import torch
 from . import records as R
 from .align import Alignment, align
 from .background import background
+from .cancel import Cancel, check_time_limit
 from .errors import InputError, ModelMismatchError
 from .fx_runner import (check_inputs, dead_nodes, flat_inputs, last_uses, on_inputs_device,
                         program_outputs, small_nodes)
@@ -320,13 +321,20 @@ class Prepared:
             atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
-            keep_sessions: bool = True) -> Iterator[Record]:
+            keep_sessions: bool = True, time_limit: float | None = None,
+            cancel: Cancel | None = None) -> Iterator[Record]:
         """Yield records in execution order; see ``run_aligned`` for the options.
 
         ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
         compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
         an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
-        than the model itself."""
+        than the model itself.
+        ``cancel``: a ``cancel.Cancel`` token another thread may fire to stop the run (the widget's
+        stop, the CLI's Ctrl-C); ``time_limit`` is then armed on it."""
+        if cancel is None:
+            cancel = Cancel(time_limit)
+        elif time_limit is not None:
+            cancel.time_limit = check_time_limit(time_limit)
         atol, rtol = self.tolerance(atol, rtol)
         args, kwargs = load_inputs(args, kwargs)
         flat = flat_inputs(self.decomposed_ep, args, kwargs)
@@ -345,7 +353,7 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda, threads=threads)
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                    histogram, segment_nodes, keep_sessions, device).records()
+                    histogram, segment_nodes, keep_sessions, device, cancel).records()
 
 
 # From this size on, a weight stored transposed is transposed by the segment (onnxruntime, in the

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import torch
 
+from .cancel import current_run_options
 from .errors import InputError
 from .segments import numpy_elem_type
 from .strings import TORCH_TO_ONNX
@@ -71,16 +72,18 @@ class OnnxruntimeRuntime:
         opts.intra_op_num_threads = self.intra_op_num_threads or cores()
         data = model if isinstance(model, bytes) else model.SerializeToString()
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
+        ort = self._ort
+        # The run's RunOptions (cancel.py): stopping the run or its time limit terminates the call.
         if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
             def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
-                return session.run(outputs, feeds)
+                return session.run(outputs, feeds, current_run_options(ort))
 
             return run
-        ort = self._ort
 
         def run_exotic(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
             # session.run reads and returns numpy types only: bfloat16 / float8 go through OrtValues.
-            values = session.run_with_ort_values(outputs, {k: ort_value(ort, v) for k, v in feeds.items()})
+            values = session.run_with_ort_values(outputs, {k: ort_value(ort, v) for k, v in feeds.items()},
+                                                 current_run_options(ort))
             return [ort_array(v) for v in values]
 
         return run_exotic

@@ -15,6 +15,7 @@ import warnings
 import anywidget
 import traitlets
 
+from .cancel import check_time_limit
 from .errors import SbsWidgetWarning
 from .records import to_dataframe
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
@@ -40,6 +41,8 @@ class SbsWidget(anywidget.AnyWidget):
     ``onx=None`` when ``ep`` is a ``torch.onnx.ONNXProgram`` (it holds both sides).
     ``atol``/``rtol``: ``None`` for the default of the precision the program computes in (1e-4 for
     float32, 3e-2 for float16), set on the widget once the first run has prepared the program.
+    ``time_limit``: seconds each run may take; past it the run ends with status "error" and a message
+    naming the node it was at (the records so far are kept).
 
     Example (in a notebook; ``w.wait()`` blocks until the run ends)::
 
@@ -73,9 +76,10 @@ class SbsWidget(anywidget.AnyWidget):
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
-                 title: str = "", **widget_kwargs):
+                 title: str = "", time_limit: float | None = None, **widget_kwargs):
         # None: the default for the precision the program computes in, known once it is prepared
         self._default_tolerance = (atol is None, rtol is None)
+        self.time_limit = check_time_limit(time_limit)
         super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
                          title=title, **widget_kwargs)
         self._ep, self._onx = ep, onx
@@ -87,6 +91,7 @@ class SbsWidget(anywidget.AnyWidget):
         self._prepare_lock = threading.Lock()
         self._runs: list[Run] = []
         self._runner: Runner | None = None
+        self._rerun_lock = threading.RLock()  # reruns from several threads start one run at a time
         self._sent: dict[int, int] = {}  # run id -> rows already pushed to the views
         self._report_lock = threading.Lock()
         self.on_msg(self._on_msg)
@@ -123,7 +128,7 @@ class SbsWidget(anywidget.AnyWidget):
 
     @property
     def running(self) -> bool:
-        return self._runner is not None and self._runner.thread.is_alive()
+        return self._runner is not None and not self._runner.ended.is_set()
 
     def to_dataframe(self, run: int = -1):
         """Records of run ``run`` (index into ``runs``; default the current one) as a DataFrame."""
@@ -144,27 +149,30 @@ class SbsWidget(anywidget.AnyWidget):
         """
         if self._ep is None:
             raise RuntimeError("this widget shows saved records; there is nothing to rerun")
-        if reset_names is not None:
-            self.reset_names = set(reset_names)
-        self.stop()
-        run = Run(id=len(self._runs), reset_names=frozenset(self.reset_names), atol=self.atol,
-                  rtol=self.rtol, node_local=self.node_local)
-        self._runs.append(run)
-        self._runner = Runner(run, self._start_run, self._publish)
-        self.run_id = run.id
-        self.status = RUNNING if self._prepared is not None else "preparing"
-        self.message = ""
-        self._runner.begin()
+        with self._rerun_lock:
+            if reset_names is not None:
+                self.reset_names = set(reset_names)
+            self.stop()
+            run = Run(id=len(self._runs), reset_names=frozenset(self.reset_names), atol=self.atol,
+                      rtol=self.rtol, node_local=self.node_local)
+            self._runs.append(run)
+            self._runner = Runner(run, self._start_run, self._publish, self.time_limit)
+            self.run_id = run.id
+            self.status = RUNNING if self._prepared is not None else "preparing"
+            self.message = ""
+            self._runner.begin()
         return self
 
     def stop(self, timeout: float = 10.0) -> "SbsWidget":
-        """End the current run at the next record; the records so far are kept (status "stopped")."""
+        """End the current run at the next record; the records so far are kept (status "stopped").
+        A runtime call in flight is terminated; one that ignores it is abandoned after ``timeout``
+        seconds (the run ends "stopped" and says so; later runs do not wait for it)."""
         runner = self._runner
         if runner is None:
             return self
         runner.stop()
-        if threading.current_thread() is not runner.thread:  # the run itself may ask to stop
-            runner.join(timeout)
+        if threading.current_thread() is not runner.thread and not runner.join(timeout):  # (the run may stop itself)
+            runner.abandon()
         return self
 
     def wait(self, timeout: float | None = None) -> "SbsWidget":
@@ -205,7 +213,7 @@ class SbsWidget(anywidget.AnyWidget):
         except Exception as e:  # a graph that cannot be drawn must not cost the comparison
             warnings.warn(f"graphs unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
 
-    def _start_run(self, run: Run, progress):
+    def _start_run(self, run: Run, progress, cancel):
         prepared = self._prepare()
         if any(self._default_tolerance):  # the first run settles them; the user's edits stand after
             auto_atol, auto_rtol = self._default_tolerance
@@ -218,7 +226,7 @@ class SbsWidget(anywidget.AnyWidget):
         extra = {} if self._runtime is None else {"runtime": self._runtime}
         return prepared.run(self._args, self._kwargs, atol=run.atol, rtol=run.rtol,
                             reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
-                            progress=progress, **extra)
+                            progress=progress, cancel=cancel, **extra)
 
     def _publish(self, run: Run, final: bool) -> None:
         """Push new rows, then the progress that counts them (so a view never asks for rows in flight)."""
@@ -232,12 +240,15 @@ class SbsWidget(anywidget.AnyWidget):
             if current:
                 self.progress = self._progress_of(run, n)
             if final:
-                self.runs_meta = [r.summary() for r in self._runs]
-                if current:
-                    self._update_compare()
-                    self._update_culprits(run)
-                    self.message = run.error
-                    self.status = run.status
+                try:
+                    self.runs_meta = [r.summary() for r in self._runs]
+                    if current:
+                        self._update_compare()
+                        self._update_culprits(run)
+                finally:  # whatever fails above, the run's end is shown
+                    if current:
+                        self.message = run.error
+                        self.status = run.status
 
     def _progress_of(self, run: Run, n_rows: int) -> dict:
         prepared = self._prepared

@@ -1,8 +1,10 @@
 """One comparison run in a background thread, reporting to the widget in batches.
 
 The thread owns the record generator (the engine wants it closed from the thread that consumes it),
-so a stop request is an Event the loop checks between records. Reports are throttled: one
-``report(run, final)`` call per ``FLUSH_SECONDS`` at most, whatever the number of nodes.
+so a stop request is an Event the loop checks between records, and the run's ``Cancel`` token, which
+terminates a runtime call in flight. A thread stuck in a call that ignores that is abandoned
+(``Runner.abandon``): the run ends "stopped" at once and the thread's later output is dropped.
+Reports are throttled: one ``report(run, final)`` call per ``FLUSH_SECONDS`` at most.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .background import renew
+from .cancel import TIMEOUT, Cancel
+from .errors import RunCancelled
 from .records import Record
 from .widget_rows import error_key, json_value
 
@@ -81,15 +86,25 @@ class Run:
         }
 
 
-class Runner:
-    """Consumes ``start()``'s record iterator in a daemon thread; ``stop()`` ends it at the next record."""
+ABANDONED = ("stopped; a runtime call did not end and was abandoned (its thread is left to finish "
+             "on its own; later runs use fresh threads)")
 
-    def __init__(self, run: Run, start: Callable[[Run, Callable], object], report: Callable[[Run, bool], None]):
-        # start(run, progress) -> iterator of Record; progress(done, total, name) is the engine's callback.
+
+class Runner:
+    """Consumes ``start()``'s record iterator in a daemon thread; ``stop()`` ends it at the next record
+    (or terminates the runtime call in flight); ``ended`` is set once the run's final status is."""
+
+    def __init__(self, run: Run, start: Callable[[Run, Callable, Cancel], object],
+                 report: Callable[[Run, bool], None], time_limit: float | None = None):
+        # start(run, progress, cancel) -> iterator of Record; progress(done, total, name) is the engine's callback.
         self.run = run
         self._start = start
         self._report = report
         self._stop = threading.Event()
+        self.cancel = Cancel(time_limit)
+        self.ended = threading.Event()
+        self.abandoned = False
+        self._final = threading.Lock()  # the final status is set once: by the thread or by abandon()
         self._last_flush = 0.0  # 0: the first record is shown at once
         self.thread = threading.Thread(target=self._main, name=f"sbs-run-{run.id}", daemon=True)
 
@@ -99,14 +114,25 @@ class Runner:
 
     def stop(self) -> None:
         self._stop.set()
+        self.cancel.cancel()
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        """Whether the run ended (its final status set) within ``timeout``."""
+        return self.ended.wait(timeout)
+
+    def abandon(self) -> bool:
+        """End the run now, "stopped", leaving its thread stuck in a call (False: it had ended)."""
+        with self._final:
+            if self.ended.is_set():
+                return False
+            self.abandoned = True
+        renew("sbs-run")  # the stuck call may hold the shared runner thread: later runs get a new one
+        self._finish(STOPPED, ABANDONED, "")
+        return True
 
     def _progress(self, done: int, total: int, name: str) -> None:
         self.run.fx_done, self.run.fx_total, self.run.current = done, total, name or ""
@@ -114,7 +140,7 @@ class Runner:
 
     def _maybe_flush(self) -> None:
         now = time.monotonic()
-        if now - self._last_flush >= FLUSH_SECONDS:
+        if now - self._last_flush >= FLUSH_SECONDS and not self.abandoned:
             self._last_flush = now
             self.run.elapsed = time.time() - self.run.started
             self._report(self.run, False)
@@ -122,24 +148,41 @@ class Runner:
     def _main(self) -> None:
         run = self.run
         it = None
+        status, error, trace = FAILED, "", ""
         try:
-            it = self._start(run, self._progress)
+            it = self._start(run, self._progress, self.cancel)
             for record in it:
+                if self.abandoned:  # the run was given up: what comes late is dropped
+                    break
                 run.add(record)
                 if self._stop.is_set():
                     break
                 self._maybe_flush()
-            run.status = STOPPED if self._stop.is_set() else DONE
-        except Exception as e:  # the run is over either way; keep what it produced, show why
-            run.status = FAILED
-            run.error = f"{type(e).__name__}: {e}"
-            run.trace = traceback.format_exc()
+            status = STOPPED if self._stop.is_set() else DONE
+        except RunCancelled as e:  # stopped, or out of time: keep what it produced, say where it ended
+            status = FAILED if e.reason == TIMEOUT else STOPPED
+            error = f"{type(e).__name__}: {e}" if e.reason == TIMEOUT else str(e)
+        except BaseException as e:  # KeyboardInterrupt too: the run must not be left "running"
+            status = STOPPED if isinstance(e, KeyboardInterrupt) else FAILED
+            error = f"{type(e).__name__}: {e}".rstrip(": ")
+            trace = traceback.format_exc()
         finally:
             if it is not None and hasattr(it, "close"):
                 try:
                     it.close()
-                except Exception:  # closing must not hide the run's own outcome
+                except BaseException:  # closing must not hide the run's own outcome
                     pass
+            self._finish(status, error, trace)
+
+    def _finish(self, status: str, error: str, trace: str) -> None:
+        with self._final:
+            if self.ended.is_set():  # abandoned meanwhile: its final report is out
+                return
+            run = self.run
+            run.status, run.error, run.trace = status, error, trace
             run.elapsed = time.time() - run.started
             run.current = ""
-            self._report(run, True)
+            try:
+                self._report(run, True)
+            finally:
+                self.ended.set()
