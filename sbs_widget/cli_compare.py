@@ -14,6 +14,7 @@ import time
 
 from .cancel import INTERRUPTED, Cancel, cli_time_limit, ctrl_c
 from .errors import InputError, RunCancelled
+from .tolerance import cli_tolerance
 
 WRITERS = (".csv", ".xlsx", ".parquet", ".html")
 
@@ -40,9 +41,9 @@ def register_cli(sub) -> None:
 
 def _common(p) -> None:
     p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
-    p.add_argument("--atol", type=float, default=None,
+    p.add_argument("--atol", type=cli_tolerance, default=None,
                    help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
-    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
+    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
     p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
                    help="FX or ONNX names whose torch value replaces the ONNX one downstream")
     p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")

@@ -21,12 +21,14 @@ points (``prepare``, ``run_aligned``) and the check that tells which program the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import warnings
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
+import onnx
 import torch
 
 from .align import target_name
@@ -88,8 +90,10 @@ def prepare(ep, onx=None) -> Prepared:
     ``ep``: an ExportedProgram (the one ``torch.export.export`` returns), a ``.pt2`` path, or the
     ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional).
     ``onx``: an ``onnx.ModelProto`` or a path (external data is loaded).
-    The last few pairs are cached (keyed by object identity, or path and modification time), so that
-    repeated calls on the same objects cost nothing; the cache holds them, so identities stay valid.
+    The last few pairs are cached, keyed by content (a digest of the ONNX model's or the file's bytes, the
+    program's code and the version counters of its weights), so that repeated calls on the same
+    content cost a digest, and an edited model or file is prepared again; the cache holds the
+    objects, so identities stay valid.
     """
     key = _cache_key(ep, onx)
     hit = _PREPARED.get(key)
@@ -98,7 +102,7 @@ def prepare(ep, onx=None) -> Prepared:
         return hit[1]
     start_threads()  # the runs to come need them
     if is_onnx_program(ep):
-        model = load_onnx_model(onx) if onx is not None else ep.model_proto
+        model = load_onnx_model(onx if onx is not None else ep.model_proto)
         prepared = Prepared(ep.exported_program, model, None)
     else:
         if onx is None:
@@ -129,13 +133,54 @@ def prepare(ep, onx=None) -> Prepared:
 
 
 def _cache_key(ep, onx) -> tuple:
-    def one(x):
-        if isinstance(x, (str, os.PathLike)):
-            path = os.fspath(x)
-            return ("path", os.path.abspath(path), os.path.getmtime(path) if os.path.exists(path) else 0)
-        return ("obj", id(x))
+    """What a preparation depends on, by content: a ModelProto edited in place, a file rewritten
+    within its modification time, or a program whose weights changed in place is prepared again."""
+    return (_content_key(ep), _content_key(onx) if onx is not None else None)
 
-    return (one(ep), one(onx) if onx is not None else None)
+
+def _content_key(x) -> tuple:
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        return ("file", os.path.abspath(path), _file_digest(path))
+    if isinstance(x, onnx.ModelProto):
+        return ("onnx", id(x), _model_digest(x))
+    if isinstance(x, torch.export.ExportedProgram):
+        return ("program", id(x), _program_version(x))
+    if is_onnx_program(x):
+        return ("onnx_program", id(x), _program_version(x.exported_program), _model_digest(x.model_proto))
+    return ("object", id(x))
+
+
+def _file_digest(path: str) -> str | None:
+    """The file's bytes hashed (BLAKE2, ~1 GB/s): cheaper than loading it again."""
+    try:
+        h = hashlib.blake2b()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None  # the loader says what is wrong with the path
+
+
+def _model_digest(model: onnx.ModelProto) -> str:
+    """The model's bytes hashed piece by piece (a whole model over 2 GB cannot be serialized at once)."""
+    h = hashlib.blake2b()
+    graph = model.graph
+    for field in (graph.node, graph.initializer, graph.sparse_initializer, graph.input, graph.output,
+                  graph.value_info, model.opset_import, model.functions, model.metadata_props):
+        h.update(len(field).to_bytes(8, "little"))
+        for item in field:
+            h.update(item.SerializeToString())
+    return h.hexdigest()
+
+
+def _program_version(program: torch.export.ExportedProgram) -> tuple:
+    """The graph's code and the in-place version counters of its weights and constants: a weight
+    changed in place (``p.add_(1)``) or a graph edited bumps them (torch counts every in-place write)."""
+    tensors = [*program.state_dict.items(), *program.constants.items()]
+    return (hash(program.graph_module.code),
+            tuple((k, v._version, v.data_ptr()) for k, v in tensors if isinstance(v, torch.Tensor)))
 
 
 def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",

@@ -20,7 +20,8 @@ from .cancel import Cancel, where_in
 from .errors import InputError, RunCancelled, ToleranceExceeded
 from .fx_runner import FxRunner, program_outputs
 from .local import ANCHOR, LocalGroup, local_model
-from .metrics import BATCH_ELEMENTS, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
+from .metrics import (BATCH_ELEMENTS, EMPTY_NOTE, Scratch, as_numpy, beyond_where, compute_errors_many,
+                      same_shape)
 from .onnx_index import ONNX_TO_NUMPY
 from .records import HISTOGRAM_EDGES, Record
 from .runtimes import cores, exact_numpy
@@ -138,6 +139,8 @@ class LockstepRun:
             rec.err_nan, rec.err_h01, rec.err_h001 = err_nan, h01, h001
             rec.n_elements, rec.within_tolerance, rec.histogram = n, within, histogram
             rec.status = R.OK if within else R.MISMATCH
+            if not n:  # "ok" over nothing: said so
+                rec.comment = _join(rec.comment, EMPTY_NOTE)
         for rec, (e, g) in zip(ready, arrays):
             if rec.status == R.MISMATCH:  # rare: one more pass over this pair only
                 rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
@@ -658,6 +661,8 @@ class LockstepRun:
         rec.err_nan = rec.err_h01 = rec.err_h001 = 0
         rec.n_elements, rec.within_tolerance, rec.status = e.size, True, R.OK
         rec.histogram = (e.size,) + (0,) * (len(HISTOGRAM_EDGES) - 1) if self.histogram else None
+        if not e.size:
+            rec.comment = _join(rec.comment, EMPTY_NOTE)
         return rec
 
     def _measured(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:

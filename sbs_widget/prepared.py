@@ -23,6 +23,7 @@ from .fx_runner import (check_inputs, dead_nodes, flat_inputs, last_uses, on_inp
 from .local import LocalGroup, build_group
 from .lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
 from .loading import load_inputs
+from .onnx_checks import check_input_shapes
 from .onnx_index import OnnxIndex
 from .records import Record
 from .runtimes import Runtime, get_runtime
@@ -289,6 +290,8 @@ class Prepared:
     def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
         """Map names given by a user (FX node names or ONNX value names) to ONNX values."""
         out: dict[str, str] = {}
+        if isinstance(names, str):  # one name, not its characters
+            names = (names,)
         fx_to_onnx = {k: p.onnx_value for k, p in self.alignment.pairs.items()}
         for name in names:
             if name in self.alignment.onnx_to_fx and name in self.index.producer:
@@ -347,6 +350,9 @@ class Prepared:
                 f"the ONNX model has {len(self.index.inputs)} inputs {self.index.inputs} but the program "
                 f"{len(tensor_inputs)} tensor inputs {tensor_inputs}: they do not come from the same export"
             )
+        by_name = {n.name: v for n, v in zip((n for n in self.fx_nodes if n.op == "placeholder"), flat)}
+        check_input_shapes(self.onnx_model, [(fx, x, by_name.get(fx))
+                                             for fx, x in zip(tensor_inputs, self.index.inputs)])
         # onnxruntime's own threads pay off on big values only (per session, measured on two cores:
         # +5% time on a 16-layer LLaMA of hidden size 64, none at 256 (1 MB values), -9% at 1024)
         threads = 0 if max(self.node_bytes, default=0) >= PARALLEL_VALUE_BYTES else 1

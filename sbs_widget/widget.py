@@ -18,7 +18,7 @@ import traitlets
 from .cancel import check_time_limit
 from .errors import SbsWidgetWarning
 from .records import to_dataframe
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
 from .widget_rows import ROW_COLUMNS, compare_runs, encode_rows
 from .widget_run import DONE, FAILED, RUNNING, STOPPED, Run, Runner
 
@@ -78,6 +78,7 @@ class SbsWidget(anywidget.AnyWidget):
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
                  title: str = "", time_limit: float | None = None, **widget_kwargs):
         # None: the default for the precision the program computes in, known once it is prepared
+        checked(atol, rtol)  # InputError for a bad one (a str or bool too, which the traits would coerce)
         self._default_tolerance = (atol is None, rtol is None)
         self.time_limit = check_time_limit(time_limit)
         super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
@@ -151,7 +152,7 @@ class SbsWidget(anywidget.AnyWidget):
             raise RuntimeError("this widget shows saved records; there is nothing to rerun")
         with self._rerun_lock:
             if reset_names is not None:
-                self.reset_names = set(reset_names)
+                self.reset_names = {reset_names} if isinstance(reset_names, str) else set(reset_names)
             self.stop()
             run = Run(id=len(self._runs), reset_names=frozenset(self.reset_names), atol=self.atol,
                       rtol=self.rtol, node_local=self.node_local)
@@ -196,12 +197,13 @@ class SbsWidget(anywidget.AnyWidget):
 
     def _prepare(self):
         with self._prepare_lock:
-            if self._prepared is None:
-                from .engine import prepare
+            from .engine import prepare
 
-                self._prepared = prepare(self._ep, self._onx)
-                self._fill_dot(self._prepared)
-            return self._prepared
+            prepared = prepare(self._ep, self._onx)  # cached by content: an edited model is prepared again
+            if prepared is not self._prepared:
+                self._prepared = prepared
+                self._fill_dot(prepared)
+            return prepared
 
     def _fill_dot(self, prepared) -> None:
         try:
@@ -275,6 +277,10 @@ class SbsWidget(anywidget.AnyWidget):
             "worst_i": run.worst_i,
             "finished": run.finished,
         }
+
+    @traitlets.validate("atol", "rtol")
+    def _valid_tolerance(self, proposal) -> float:
+        return valid_tolerance(proposal["trait"].name, proposal["value"])  # NaN, inf, < 0: InputError
 
     @traitlets.observe("atol", "rtol")
     def _tolerance_changed(self, change) -> None:
