@@ -125,6 +125,9 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
         print(f"interrupted: {visible(str(ended or token.error()))}", file=sys.stderr)
         exit_now(130)
         return 130
+    if ended is not None:  # the summary must not read as the verdict on the whole model
+        print(f"stopped early: the summary below covers the {len(records)} records compared before the time "
+              "limit")
     for line in summarize(records, prepared).lines():
         print(visible(line))
     print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
@@ -147,9 +150,11 @@ def exit_now(code: int) -> None:
 
 def _write_partial(records, args) -> None:
     """Ctrl-C while a runtime call ignores terminate: what was compared is written anyway."""
+    from .safe_text import visible
+
     if args.output and records:
         write_records(records, args.output, atol=args.atol, rtol=args.rtol)
-        print(f"interrupted: wrote {len(records)} records to {args.output}", file=sys.stderr)
+        print(f"interrupted: wrote {len(records)} records to {visible(args.output)}", file=sys.stderr)
 
 
 def _print_culprits(records, prepared, args) -> None:

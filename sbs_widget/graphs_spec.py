@@ -16,34 +16,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .errors import InputError
+from .safe_text import visible  # noqa: F401 - graph labels use the one rule of every view
 
 # The exporter writes "%add_3 : [num_users=2] = call_function[...]" on every ONNX node.
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
-# Characters that hide, reorder or break text (C0/C1 controls, bidi overrides and isolates, zero-width
-# and format characters, line separators, surrogates, tag characters): the same set as js/format.js.
-HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
-                    "\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
 LABEL_LIMIT = 64  # code points of a name in a graph box; the full name is on hover
 MAX_CLUSTER_DEPTH = 64  # deeper module chains are cut: Graphviz recurses into nested subgraphs
-
-
-def _escape(match: re.Match) -> str:
-    cp = ord(match.group(0))
-    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
-
-
-def visible(text, keep_newlines: bool = False) -> str:
-    r"""``text`` with hidden characters shown as escapes, as js/format.js ``visible`` does.
-
-    >>> print(visible("relu\u202e\x00"))
-    relu\u202e\x00
-    """
-    s = str(text)
-    if not HIDDEN.search(s):
-        return s
-    if keep_newlines:
-        return "\n".join(HIDDEN.sub(_escape, part) for part in s.split("\n"))
-    return HIDDEN.sub(_escape, s)
 
 
 def shorten(text, limit: int = LABEL_LIMIT) -> str:

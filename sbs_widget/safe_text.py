@@ -20,12 +20,14 @@ import tempfile
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Characters a terminal, a viewer or a browser would act on, hide or reorder: C0/C1 controls (ESC,
+# NUL), soft hyphen, bidi marks, overrides and isolates, zero-width and other format characters, line
+# separators, lone surrogates, tag characters. The same set as js/format.js (a test holds them equal).
+HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
+                    "\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
 
 
 def _escape(ch: str) -> str:
-    if ch in _SHORT:
-        return _SHORT[ch]
     code = ord(ch)
     if code <= 0xFF:
         return f"\\x{code:02x}"
@@ -42,14 +44,13 @@ def clipped(s: str, limit: int = 300) -> str:
 
 
 def visible(s, *, newlines: bool = False) -> str:
-    """``s`` with every character a terminal or viewer would act on, hide or reorder (control
-    characters, ESC, NUL, bidi overrides and isolates, zero-width and other format characters, line
-    separators) written as a visible escape such as ``\\x1b`` or ``\\u202e``. ``newlines=True`` keeps
-    ``\\n`` (for multi-line messages). Backslashes are kept as they are."""
+    """``s`` with every hidden character (``HIDDEN``) written as a visible escape such as ``\\x1b`` or
+    ``\\u202e``, as js/format.js ``visible`` does. ``newlines=True`` keeps ``\\n`` (multi-line messages).
+    Backslashes are kept as they are."""
     s = s if isinstance(s, str) else str(s)
-    if s.isprintable():  # the common case, fast
+    if not HIDDEN.search(s):  # the common case, fast
         return s
-    return "".join(ch if ch.isprintable() or (newlines and ch == "\n") else _escape(ch) for ch in s)
+    return HIDDEN.sub(lambda m: m.group(0) if newlines and m.group(0) == "\n" else _escape(m.group(0)), s)
 
 
 XLSX_MAX_CELL = 32_767  # characters an Excel cell holds; openpyxl cuts silently beyond

@@ -60,7 +60,7 @@ def chain_model(names: list[str], scopes: list[str] | None = None) -> onnx.Model
 
 def test_visible_and_shorten_match_the_browser():
     assert visible("a\u202eb\x00c") == "a\\u202eb\\x00c"
-    assert visible("x\ny") == "x\\x0ay" and visible("x\ny", keep_newlines=True) == "x\ny"
+    assert visible("x\ny") == "x\\x0ay" and visible("x\ny", newlines=True) == "x\ny"
     assert visible("tag\U000e0041") == "tag\\U000e0041"
     assert visible("日本語 😀 a\\N") == "日本語 😀 a\\N"
     assert len(shorten(LONG)) == LABEL_LIMIT and shorten(LONG).endswith("tail")

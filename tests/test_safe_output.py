@@ -80,10 +80,10 @@ def _no_nasty(text: str):
 
 def test_safe_text_functions():
     assert visible("a\x1b[31mb\u202ec\x00\u2066") == "a\\x1b[31mb\\u202ec\\x00\\u2066"
-    assert visible("line\nnext", newlines=True) == "line\nnext" and visible("a\nb") == "a\\nb"
+    assert visible("line\nnext", newlines=True) == "line\nnext" and visible("a\nb") == "a\\x0ab"
     assert visible("plain é 漢") == "plain é 漢"
     for start in "=+-@\t\r":
-        assert spreadsheet_cell(start + "1+1").startswith("'" + start.replace("\r", "\\r"))
+        assert spreadsheet_cell(start + "1+1").startswith("'" + start.replace("\r", "\\x0d"))
     assert spreadsheet_cell("ok\x00\x1b") == "ok\\x00\\x1b" and spreadsheet_cell("a\tb\nc") == "a\tb\nc"
     long = short_name(LONG)
     assert len(long) <= 64 and long.startswith("_SUM_1_mmm") and long != short_name(LONG + "x")
