@@ -41,6 +41,7 @@ export function colorFor(err, status, atol = 1e-4) {
 // marks, zero-width and other format characters, line/paragraph separators, lone surrogates, tag
 // characters. Model names are untrusted: "gelu\u202eTMATMUL" would otherwise display as another name.
 // The same set as sbs_widget.graphs_spec.HIDDEN (keep both in sync).
+// eslint-disable-next-line no-control-regex -- matching C0/C1 control characters is this regex's job
 const HIDDEN = /[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\u{e0000}-\u{e007f}]/gu;
 
 function escapeChar(ch) {

@@ -15,7 +15,6 @@ function mount(n, rowsOver = () => ({})) {
   return { model, el, dispose, rows, graphs: () => graphsCtx };
 }
 const shownRows = (el) => [...el.querySelectorAll(".sbs-row")].filter((r) => r.style.display !== "none");
-const cellOf = (rowEl, key) => rowEl.children[[...rowEl.parentElement.parentElement.querySelector(".sbs-head").children].findIndex((c) => c.dataset.key === key)];
 const header = (el, key) => el.querySelector(`.sbs-head > div[data-key="${key}"]`);
 
 test("asks the model for its rows on render and shows them", async () => {
@@ -79,7 +78,7 @@ test("text filter and 'only beyond tolerance'", async () => {
 });
 
 test("editing atol recolors without asking the kernel for anything", async () => {
-  const { model, el, dispose } = mount(3, (k) => ({ err_abs: 1e-3, err_rel: 1e-3, within_tolerance: false, status: "mismatch" }));
+  const { model, el, dispose } = mount(3, () => ({ err_abs: 1e-3, err_rel: 1e-3, within_tolerance: false, status: "mismatch" }));
   await tick();
   const before = shownRows(el)[0].style.background;
   const sent = model.sent.length;

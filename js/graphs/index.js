@@ -75,7 +75,7 @@ export function mountGraphs(ctx) {
 
   function load(side) {
     const s = sides[side];
-    let spec = null;
+    let spec;
     try {
       spec = parseSpec(ctx.model.get(`${side}_dot`));
     } catch (e) {
