@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     import torch
 
-    from sbs_widget import zoo
-    from sbs_widget.engine import prepare
-    from sbs_widget.summary import summarize
+    from sbs_widget.samples import zoo
+    from sbs_widget.engine.entry import prepare
+    from sbs_widget.views.summary import summarize
 
     rows = []
     for name in args.models.split(","):

@@ -44,7 +44,7 @@ def _to(device, value):
 def _run(prepared, args, kwargs, **options):
     import torch
 
-    from sbs_widget.summary import summarize
+    from sbs_widget.views.summary import summarize
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from sbs_widget import zoo
-    from sbs_widget.engine import prepare
-    from sbs_widget.runtimes import get_runtime
+    from sbs_widget.samples import zoo
+    from sbs_widget.engine.entry import prepare
+    from sbs_widget.engine.runtimes import get_runtime
 
     cuda = torch.cuda.is_available()
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "

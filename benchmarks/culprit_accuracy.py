@@ -8,7 +8,7 @@ first 40% of the ONNX nodes, at seeded random positions, of these kinds: noise o
 replaced (Add<->Sub, Mul<->Div...), a changed attribute (epsilon, Softmax axis), a float16 round trip
 inserted on one intermediate, a scaled scalar constant, a swapped Gelu approximation. Faults that do
 not move a model output beyond tolerance are skipped (not observable). Each fault is run through
-``sbs_widget.culprits``; top-1/top-3 count the answers naming the corrupted node (a weight or
+``sbs_widget.blame.culprits``; top-1/top-3 count the answers naming the corrupted node (a weight or
 constant: the initializer or one of its consumers; a cast: the Cast nodes or the value it rounds).
 When the corrupted node has no torch twin (an ONNX-only node fused into the group of a compared
 value), naming that group counts too (column ``fused``), except for casts: the consumer of a rounded
@@ -84,7 +84,7 @@ import onnx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sbs_widget import faults  # noqa: E402
-from sbs_widget.onnx_index import OnnxIndex  # noqa: E402
+from sbs_widget.load.onnx_index import OnnxIndex  # noqa: E402
 
 ATOL = RTOL = 1e-4
 KINDS = ("weight", "op", "attribute", "cast", "constant", "gelu")
@@ -257,8 +257,8 @@ def is_hit(culprit, fault: Fault, prepared) -> str:
 
 def evaluate(ep, model, args, kwargs, fault_list):
     """[(fault, rank 1-based or 0, how)] and the number of culprits on the correct export."""
-    from sbs_widget.culprits import Culprit, culprits, find_culprits
-    from sbs_widget.engine import prepare
+    from sbs_widget.blame.culprits import Culprit, culprits, find_culprits
+    from sbs_widget.engine.entry import prepare
 
     def as_culprit(rec):
         return Culprit(rec.onnx_node_name, rec.onnx_name, rec.onnx_op_type, rec.ep_name, rec.ep_target,
@@ -289,7 +289,7 @@ def evaluate(ep, model, args, kwargs, fault_list):
 
 
 def export(name: str, optimize: bool):
-    from sbs_widget import zoo
+    from sbs_widget.samples import zoo
 
     with contextlib.redirect_stderr(io.StringIO()):
         return zoo.export(name, optimize=optimize)

@@ -34,9 +34,10 @@ REDRAWN = ("(r) => { const p = document.querySelectorAll('.sbsg-pane');"
 
 
 def build_page(layers: int, optimize: bool, folder: pathlib.Path) -> pathlib.Path:
-    from sbs_widget import faults, zoo
-    from sbs_widget.engine import prepare
-    from sbs_widget.graphs_html import write_graphs_html
+    from sbs_widget.samples import faults
+    from sbs_widget.samples import zoo
+    from sbs_widget.engine.entry import prepare
+    from sbs_widget.graphs.page import write_graphs_html
 
     with contextlib.redirect_stderr(io.StringIO()):
         _, prog, args, kwargs = zoo.export("llama", optimize=optimize, layers=layers, hidden=64, seq=12)
@@ -52,7 +53,7 @@ def build_page(layers: int, optimize: bool, folder: pathlib.Path) -> pathlib.Pat
 
 def _with_current_bundle(path: pathlib.Path) -> pathlib.Path:
     """A kept page, its inlined script replaced by the current build of the front end."""
-    from sbs_widget import graphs_html
+    from sbs_widget.graphs import page as graphs_html
 
     head, _, _ = path.read_text(encoding="utf-8").partition('<script type="module">')
     script = graphs_html._BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")

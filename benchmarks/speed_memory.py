@@ -114,7 +114,7 @@ def _export(name: str, cache: str):
 
     paths = {k: os.path.join(cache, f"{name}.{k}") for k in ("user.pt2", "decomposed.pt2", "onnx", "inputs.pt")}
     if not all(os.path.exists(p) for p in paths.values()):
-        from sbs_widget import zoo
+        from sbs_widget.samples import zoo
 
         with contextlib.redirect_stderr(io.StringIO()):
             ep, prog, args, kwargs = zoo.export("llama", optimize=True, **MODELS[name])
@@ -180,7 +180,7 @@ def _floor(ep, model, args, kwargs) -> float:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    from sbs_widget.fx_runner import flat_inputs
+    from sbs_widget.engine.fx_runner import flat_inputs
 
     flat = flat_inputs(ep, args, kwargs)[-len(ep.graph_signature.user_inputs):]
     feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), flat)}
@@ -194,7 +194,7 @@ def _plain_session_run(ep, data: bytes, args, kwargs) -> float:
     import onnxruntime as ort
     import torch
 
-    from sbs_widget.fx_runner import flat_inputs
+    from sbs_widget.engine.fx_runner import flat_inputs
 
     begin = time.perf_counter()
     opts = ort.SessionOptions()
@@ -223,7 +223,7 @@ def _warm_up(program, model, args, kwargs) -> None:
     import ctypes
     import gc
 
-    from sbs_widget.fx_runner import flat_inputs
+    from sbs_widget.engine.fx_runner import flat_inputs
 
     import torch
 
@@ -257,8 +257,8 @@ def measure(mode: str, name: str, cache: str) -> dict:
             out["seconds"] = _plain_session_run(decomposed, data, args, kwargs)
         out["rss_above"] = mem.above
     elif mode in ("ours", "ours_local"):
-        from sbs_widget import metrics
-        from sbs_widget.engine import prepare
+        from sbs_widget.engine import metrics
+        from sbs_widget.engine.entry import prepare
 
         with PeakRss() as mem:
             begin = time.perf_counter()
@@ -274,7 +274,7 @@ def measure(mode: str, name: str, cache: str) -> dict:
             out["rerun"] = time.perf_counter() - begin
         out["rerun_rss_above"] = mem.above
     elif mode == "decompose":
-        from sbs_widget.loading import decompose_as_exporter
+        from sbs_widget.load.readers import decompose_as_exporter
 
         begin = time.perf_counter()
         decompose_as_exporter(ep)
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
             "onnxruntime_mem_ratio": round(statistics.median(x["rss_above"] for x in runs["onnxruntime"])
                                            / denominator, 2),
             "weights_MB": round(floor["weights"] / 2**20, 1), "live_MB": round(floor["live"] / 2**20, 1),
-            # the compiled comparison (sbs_widget/_compare.c) in use, or numpy's path (no C compiler)
+            # the compiled comparison (sbs_widget/engine/_compare.c) in use, or numpy's path (no C compiler)
             "compiled_compare": all(x["compiled"] for x in runs["ours"]),
         }
         if "reference" in med:

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from sbs_widget.cli.main import main
 
 sys.exit(main())

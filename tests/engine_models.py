@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from sbs_widget import zoo
+from sbs_widget.samples import zoo
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget.cli import main as cli_main
-from sbs_widget.engine import prepare
+from sbs_widget.cli.main import main as cli_main
+from sbs_widget.engine.entry import prepare
 
 from engine_models import export_module, exported
 
@@ -169,7 +169,7 @@ def test_reset_names_given_as_one_string():
 def test_dump_with_an_unknown_device(tmp_path):
     import json
 
-    from sbs_widget.dumps import METADATA_KEY
+    from sbs_widget.dumps.steal import METADATA_KEY
 
     model = Small().eval()
     with sbs_widget.steal_forward(model, dump_file=tmp_path / "d.onnx"):

@@ -13,11 +13,11 @@ import torch
 from onnx import numpy_helper
 
 import sbs_widget
-from sbs_widget import metrics
+from sbs_widget.engine import metrics
 from sbs_widget.errors import InputError
-from sbs_widget.metrics import EMPTY_NOTE, beyond_where, compute_errors, compute_errors_many
-from sbs_widget.module_compare import compare_dump
-from sbs_widget.tolerance import cli_tolerance, resolve, valid_tolerance
+from sbs_widget.engine.metrics import EMPTY_NOTE, beyond_where, compute_errors, compute_errors_many
+from sbs_widget.dumps.compare import compare_dump
+from sbs_widget.engine.tolerance import cli_tolerance, resolve, valid_tolerance
 
 from engine_models import export_module
 
@@ -178,7 +178,7 @@ def test_run_aligned_prepare_and_culprits_refuse_a_nan_tolerance(token_model):
     with pytest.raises(InputError, match=r"rtol=inf"):
         prepared.tolerance(rtol=float("inf"))
     with pytest.raises(InputError, match=r"atol=nan"):
-        sbs_widget.culprits(prepared, None, (x,), atol=float("nan"))
+        sbs_widget.blame.culprits(prepared, None, (x,), atol=float("nan"))
     with pytest.raises(InputError, match=r"atol=nan"):  # before the dump is even read
         list(compare_dump("no such dump.onnx", None, atol=float("nan"), rtol=1e-4))
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sbs_widget import faults
+from sbs_widget.samples import faults
 
 from engine_models import exported
 

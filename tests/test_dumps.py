@@ -13,10 +13,10 @@ from onnx.reference import ReferenceEvaluator
 
 import sbs_widget
 from sbs_widget import compare_dump, load_dump, steal_forward, string_type
-from sbs_widget.cli import main as cli_main
-from sbs_widget.dumps import flatten_tensors
+from sbs_widget.cli.main import main as cli_main
+from sbs_widget.dumps.steal import flatten_tensors
 from sbs_widget.errors import InputError, LoadError, SbsWidgetWarning
-from sbs_widget.module_compare import _from_ort, scope_outputs
+from sbs_widget.dumps.compare import _from_ort, scope_outputs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget import faults, records as R, zoo
-from sbs_widget.engine import prepare
-from sbs_widget.summary import summarize
-from sbs_widget.zoo import fused_for_ort
+from sbs_widget import records as R
+from sbs_widget.samples import faults
+from sbs_widget.samples import zoo
+from sbs_widget.engine.entry import prepare
+from sbs_widget.views.summary import summarize
+from sbs_widget.samples.zoo import fused_for_ort
 
 from engine_models import export_module, exported, node_named
 
@@ -628,7 +630,7 @@ def test_records_beyond_tolerance_say_where_the_difference_lies():
     assert "beyond tolerance at [4] (1 of 6)" in "\n".join(summarize(records, prepare(ep, bad)).lines())
     with pytest.raises(sbs_widget.ToleranceExceeded, match=r"beyond tolerance at \[4\] \(1 of 6\)"):
         list(sbs_widget.run_aligned(ep, bad, args, exc=True))
-    culprit = sbs_widget.culprits(ep, bad, args)[0]
+    culprit = sbs_widget.blame.culprits(ep, bad, args)[0]
     assert culprit.kind == "weight" and "by 1 at [4] (1 of 6)" in culprit.reason
 
 
@@ -636,7 +638,7 @@ def test_default_tolerance_follows_the_programs_precision():
     """A float16 program differs from its export by rounding alone beyond the float32 default 1e-4:
     with the default tolerance its correct export has no pair beyond tolerance and no culprit, while
     a fault is still found; a tolerance given is used as is."""
-    from sbs_widget import zoo
+    from sbs_widget.samples import zoo
 
     ep, prog, args, _ = zoo.export("mlp", optimize=False, dtype=torch.float16)
     p = prepare(ep, prog.model_proto)
@@ -646,10 +648,10 @@ def test_default_tolerance_follows_the_programs_precision():
     assert all(r.status != "mismatch" for r in sbs_widget.run_aligned(ep, prog.model_proto, args))
     strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, atol=1e-4, rtol=1e-4))
     assert any(r.status == "mismatch" for r in strict), "float16 rounding exceeds the float32 default"
-    assert sbs_widget.culprits(ep, prog.model_proto, args) == []
+    assert sbs_widget.blame.culprits(ep, prog.model_proto, args) == []
     target = node_named(prog.model_proto, "Gemm", 0)
     bad = faults.set_attribute(prog.model_proto, target.name, "alpha", 0.9)
-    assert sbs_widget.culprits(ep, bad, args)[0].onnx_node == target.name
+    assert sbs_widget.blame.culprits(ep, bad, args)[0].onnx_node == target.name
 
 
 def test_tolerances_apply_without_verbosity():
@@ -702,7 +704,7 @@ def test_no_session_per_node_and_reruns_reuse_sessions():
 
 
 def test_sessions_dropped_after_their_segment_when_not_kept():
-    from sbs_widget.engine import Prepared
+    from sbs_widget.engine.entry import Prepared
 
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
@@ -720,9 +722,9 @@ def test_sessions_dropped_after_their_segment_when_not_kept():
 def test_memory_values_are_freed_on_both_sides():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
-    from sbs_widget.lockstep import LockstepRun
-    from sbs_widget.runtimes import get_runtime
-    from sbs_widget.fx_runner import flat_inputs
+    from sbs_widget.engine.lockstep import LockstepRun
+    from sbs_widget.engine.runtimes import get_runtime
+    from sbs_widget.engine.fx_runner import flat_inputs
 
     run = LockstepRun(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
                False, None, False, segment_nodes=10)
@@ -758,9 +760,9 @@ def test_a_duplicate_layers_later_does_not_make_the_fx_side_run_ahead(reshaped):
     ep, prog = export_module(Gated(), (x,), optimize=True)
     assert sum(n.op_type == "Sigmoid" for n in prog.model_proto.graph.node) == 1
     p = prepare(ep, prog.model_proto)
-    from sbs_widget.fx_runner import flat_inputs
-    from sbs_widget.lockstep import LockstepRun
-    from sbs_widget.runtimes import get_runtime
+    from sbs_widget.engine.fx_runner import flat_inputs
+    from sbs_widget.engine.lockstep import LockstepRun
+    from sbs_widget.engine.runtimes import get_runtime
 
     run = LockstepRun(p, flat_inputs(p.decomposed_ep, (x,), {}), get_runtime(), 1e-4, 1e-4, set(), False,
                       False, None, False, segment_nodes=4)
@@ -838,8 +840,8 @@ def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_
     TRANSPOSE_IN_SEGMENT_BYTES the segment is fed the torch parameter itself and transposes it (no
     copy held for the whole segment): the records, resets and node-local errors are exactly those of
     a run fed the file's layout."""
-    from sbs_widget import prepared
-    from sbs_widget.segments import TRANSPOSED
+    from sbs_widget.engine import prepared
+    from sbs_widget.engine.segments import TRANSPOSED
 
     torch.manual_seed(0)
     width = 256  # 256 kB weights

@@ -15,9 +15,9 @@ import torch
 from onnx import helper
 
 import sbs_widget
-from sbs_widget import faults
-from sbs_widget.engine import prepare
-from sbs_widget.summary import summarize
+from sbs_widget.samples import faults
+from sbs_widget.engine.entry import prepare
+from sbs_widget.views.summary import summarize
 
 from engine_models import export_module, exported
 

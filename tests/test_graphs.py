@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget.graphs import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph
-from sbs_widget.graphs_spec import fx_spec, onnx_spec
+from sbs_widget.graphs.dot import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph
+from sbs_widget.graphs.spec import fx_spec, onnx_spec
 from sbs_widget.records import Record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def test_broadcast_values_become_stubs(ep):
     spec.nodes.append({"id": "fx:mask", "name": "mask", "label": "mask", "op": "x", "kind": "node", "cluster": -1})
     m = len(spec.nodes) - 1
     spec.edges.extend((m, b) for b in range(1, 8))
-    from sbs_widget.graphs import _digraph
+    from sbs_widget.graphs.dot import _digraph
 
     source = _digraph(spec, {}).source
     assert source.count('shape=cds') == 7
@@ -218,7 +218,7 @@ def test_broadcast_values_become_stubs(ep):
 
 
 def test_html_page_is_self_contained_and_escaped(tmp_path, evil_models):
-    from sbs_widget.graphs_html import write_graphs_html
+    from sbs_widget.graphs.page import write_graphs_html
 
     if not (ROOT / "sbs_widget" / "static" / "graphs_page.js").exists():
         pytest.skip("front end not built (npm run build)")
@@ -236,20 +236,20 @@ def test_html_page_is_self_contained_and_escaped(tmp_path, evil_models):
 
 
 def test_cli_registers_graph_command():
-    from sbs_widget.cli import build_parser
+    from sbs_widget.cli.main import build_parser
 
     args = build_parser().parse_args(["graph", "--ep", "a.pt2", "--onnx", "b.onnx", "-o", "x.html"])
     assert args.command == "graph" and args.output == "x.html" and callable(args.func)
 
 
 def test_cli_writes_a_painted_page(tmp_path, program, capsys):
-    pytest.importorskip("sbs_widget.engine")
+    pytest.importorskip("sbs_widget.engine.entry")
     if not (ROOT / "sbs_widget" / "static" / "graphs_page.js").exists():
         pytest.skip("front end not built (npm run build)")
     import onnx
     from onnx import numpy_helper
 
-    from sbs_widget.cli import main
+    from sbs_widget.cli.main import main
 
     proto = onnx.ModelProto()
     proto.CopyFrom(program.model_proto)
@@ -276,8 +276,8 @@ def test_cli_writes_a_painted_page(tmp_path, program, capsys):
 def test_a_wrong_weight_gets_a_box_on_both_sides(ep, onx):
     """A corrupted initializer: the real engine flags its weight record, and both graphs draw that
     weight (only that one) next to the node reading it, painted by its error."""
-    from sbs_widget import faults
-    from sbs_widget.engine import prepare
+    from sbs_widget.samples import faults
+    from sbs_widget.engine.entry import prepare
 
     inits = [i for i in onx.graph.initializer if i.name.endswith("fc1.bias")]
     assert inits, [i.name for i in onx.graph.initializer]

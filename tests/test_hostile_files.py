@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget.pt2_checks import check_expression
+from sbs_widget.load.pt2_checks import check_expression
 
 from engine_models import export_module
 

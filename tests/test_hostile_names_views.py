@@ -18,8 +18,8 @@ import torch
 from onnx import TensorProto, helper
 
 from engine_models import export_module
-from sbs_widget.graphs import fx_graph, onnx_graph, quote
-from sbs_widget.graphs_spec import LABEL_LIMIT, MAX_CLUSTER_DEPTH, label_text, onnx_spec, shorten, visible
+from sbs_widget.graphs.dot import fx_graph, onnx_graph, quote
+from sbs_widget.graphs.spec import LABEL_LIMIT, MAX_CLUSTER_DEPTH, label_text, onnx_spec, shorten, visible
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "{http://www.w3.org/2000/svg}"

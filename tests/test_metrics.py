@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sbs_widget import metrics
-from sbs_widget.metrics import compute_errors, compute_errors_many
+from sbs_widget.engine import metrics
+from sbs_widget.engine.metrics import compute_errors, compute_errors_many
 
 
 def _pairs(seed: int):
@@ -62,7 +62,7 @@ def _pairs(seed: int):
 @pytest.mark.parametrize("histogram", [True, False])
 def test_many_equals_one_by_one(monkeypatch, batch, histogram, compiled):
     if compiled and metrics._compare is None:
-        pytest.skip("sbs_widget._compare was not built (no C compiler)")
+        pytest.skip("sbs_widget.engine._compare was not built (no C compiler)")
     if not compiled:
         monkeypatch.setattr(metrics, "_compare", None)
     monkeypatch.setattr(metrics, "BATCH_ELEMENTS", batch)  # 700: many small batches, pairs split across
@@ -153,13 +153,13 @@ def test_the_compiled_comparison_is_built_where_a_compiler_is():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): numpy compares")
-    assert metrics._compare is not None, "sbs_widget/_compare.c did not build: run pip install -e . and read its log"
+    assert metrics._compare is not None, "sbs_widget/engine/_compare.c did not build: run pip install -e . and read its log"
 
 
 def test_compiled_comparison_hands_nan_and_odd_values_to_numpy():
     """Pairs the compiled pass does not answer (NaN/Inf, not float32) are answered None, never wrong."""
     if metrics._compare is None:
-        pytest.skip("sbs_widget._compare was not built (no C compiler)")
+        pytest.skip("sbs_widget.engine._compare was not built (no C compiler)")
     ok = np.arange(40, dtype=np.float32)
     nan = ok.copy()
     nan[3] = np.nan

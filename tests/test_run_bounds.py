@@ -19,7 +19,7 @@ from onnx import TensorProto as T
 from onnx import helper
 
 import sbs_widget
-from sbs_widget.engine import prepare
+from sbs_widget.engine.entry import prepare
 from sbs_widget.errors import InputError, RunCancelled, RunTimeout
 
 from engine_models import export_module
@@ -133,7 +133,7 @@ def _wait_for(predicate, seconds=60.0):
 
 
 def test_widget_stop_ends_a_stuck_run_and_the_next_comparisons_run(endless):
-    from sbs_widget.widget import SbsWidget
+    from sbs_widget.views.widget import SbsWidget
 
     ep, prog, bad, args, _ = endless
     w = SbsWidget(ep, bad, args)
@@ -158,7 +158,7 @@ def test_widget_stop_ends_a_stuck_run_and_the_next_comparisons_run(endless):
 
 
 def test_widget_time_limit(endless):
-    from sbs_widget.widget import SbsWidget
+    from sbs_widget.views.widget import SbsWidget
 
     ep, _, bad, args, _ = endless
     w = SbsWidget(ep, bad, args, time_limit=1)
@@ -171,7 +171,7 @@ def test_widget_time_limit(endless):
 
 
 def test_rerun_from_several_threads_leaves_no_run_running(endless):
-    from sbs_widget.widget import SbsWidget
+    from sbs_widget.views.widget import SbsWidget
 
     ep, prog, _, args, _ = endless
     w = SbsWidget(ep, prog.model_proto, args).wait(60)
@@ -205,7 +205,7 @@ class InterruptingRuntime:
 
 
 def test_keyboard_interrupt_in_the_run_thread_sets_a_final_status(endless):
-    from sbs_widget.widget import SbsWidget
+    from sbs_widget.views.widget import SbsWidget
 
     ep, prog, _, args, _ = endless
     w = SbsWidget(ep, prog.model_proto, args, runtime=InterruptingRuntime())
@@ -222,7 +222,7 @@ warnings.simplefilter("ignore")
 import onnx, torch, sbs_widget
 from onnx.reference import ReferenceEvaluator
 from sbs_widget.errors import RunTimeout
-from sbs_widget.widget import SbsWidget
+from sbs_widget.views.widget import SbsWidget
 folder = sys.argv[1]
 ep = torch.export.load(folder + "/model.pt2")
 bad = onnx.load(folder + "/endless.onnx")
@@ -249,7 +249,7 @@ class BackgroundReference:  # runs its segments on the shared runner thread, can
 
 # 2. the shared runner thread stuck: the run ends at its time limit, the thread is abandoned
 # (segments run on that thread with 2 cores or more; on one, in the caller's, which cannot be freed)
-if sbs_widget.runtimes.cores() >= 2:
+if sbs_widget.engine.runtimes.cores() >= 2:
     t = time.monotonic()
     records = []
     try:

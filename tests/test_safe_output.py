@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget import faults
-from sbs_widget.cli import main
-from sbs_widget.cli_compare import write_records
+from sbs_widget.samples import faults
+from sbs_widget.cli.main import main
+from sbs_widget.cli.compare import write_records
 from sbs_widget.errors import InputError
 from sbs_widget.records import Record
-from sbs_widget.safe_text import short_name, spreadsheet_cell, visible
+from sbs_widget.views.safe_text import short_name, spreadsheet_cell, visible
 
 from engine_models import export_module
 

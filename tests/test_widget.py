@@ -16,10 +16,10 @@ from onnx import numpy_helper
 import sbs_widget
 from sbs_widget.errors import SbsError
 from sbs_widget.records import Record
-from sbs_widget.report import write_html_report
-from sbs_widget.widget import SbsWidget
-from sbs_widget.widget_rows import decode_rows, encode_rows
-from sbs_widget.widget_run import FLUSH_SECONDS
+from sbs_widget.views.report import write_html_report
+from sbs_widget.views.widget import SbsWidget
+from sbs_widget.views.rows import decode_rows, encode_rows
+from sbs_widget.views.runs import FLUSH_SECONDS
 
 ALTERED = "decoder.feed_forward.fc1.bias"
 

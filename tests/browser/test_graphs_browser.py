@@ -22,7 +22,7 @@ pytestmark = pytest.mark.browser
 def page_file(tmp_path_factory):
     torch = pytest.importorskip("torch")
     import sbs_widget
-    from sbs_widget.graphs_html import write_graphs_html
+    from sbs_widget.graphs.page import write_graphs_html
     from sbs_widget.records import Record
 
     model, inputs = sbs_widget.dummy_llm()

@@ -33,7 +33,7 @@ def hostile_run(tmp_path_factory):
     import onnx
 
     from engine_models import export_module
-    from sbs_widget.engine import prepare
+    from sbs_widget.engine.entry import prepare
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     args = (torch.randn(3, 4),)
@@ -52,7 +52,7 @@ def hostile_run(tmp_path_factory):
 
 
 def test_bidi_name_is_escaped_in_the_widget_table_and_detail(chromium, hostile_run):
-    from sbs_widget.report import write_html_report
+    from sbs_widget.views.report import write_html_report
 
     root, _, _, records = hostile_run
     path = write_html_report(records, root / "report.html", title="hostile \u202etitle")
@@ -78,7 +78,7 @@ def test_bidi_name_is_escaped_in_the_widget_table_and_detail(chromium, hostile_r
 
 
 def test_graph_labels_escaped_and_shortened_with_full_name_on_hover(chromium, hostile_run):
-    from sbs_widget.graphs_html import write_graphs_html
+    from sbs_widget.graphs.page import write_graphs_html
 
     root, ep, onx, records = hostile_run
     path = write_graphs_html(root / "graphs.html", (ep, onx), records)
@@ -105,8 +105,8 @@ def test_a_20000_node_chain_draws_a_part_and_says_so(chromium, tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from sbs_widget.graphs import onnx_graph
-    from sbs_widget.graphs_html import write_graphs_html
+    from sbs_widget.graphs.dot import onnx_graph
+    from sbs_widget.graphs.page import write_graphs_html
 
     n = 20_000
     nodes = [helper.make_node("Relu", [f"v{i - 1}" if i else "x"], [f"v{i}"], name=f"relu_{i}") for i in range(n)]

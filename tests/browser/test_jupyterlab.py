@@ -245,7 +245,7 @@ def test_fifty_thousand_rows(lab, lab_page):
 
 EVIL = '''
 import torch, sbs_widget
-from sbs_widget.report import write_html_report
+from sbs_widget.views.report import write_html_report
 EVIL = "<img src=x onerror=__pwned=1></script>"
 class Hostile(torch.nn.Module):
     def __init__(self):

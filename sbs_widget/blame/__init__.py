@@ -1,0 +1,1 @@
+"""Naming the culprit: ranking the nodes where a difference starts, the reset search, repro bundles."""

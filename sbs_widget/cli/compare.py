@@ -1,0 +1,203 @@
+"""``python -m sbs_widget compare`` (and ``demo``): the engine from the command line.
+
+    python -m sbs_widget compare --ep model.pt2 --onnx model.onnx --inputs inputs.pt -o diff.csv
+    python -m sbs_widget demo -o report.html     # exports dummy_llm on the fly, injects a fault, compares
+
+The output format follows the extension of ``-o``: .csv, .xlsx, .parquet or .html.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from sbs_widget.engine.cancel import INTERRUPTED, Cancel, cli_time_limit, ctrl_c
+from sbs_widget.errors import InputError, RunCancelled
+from sbs_widget.engine.tolerance import cli_tolerance
+
+WRITERS = (".csv", ".xlsx", ".parquet", ".html")
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("compare", help="compare an ExportedProgram with its ONNX export, value by value",
+                       description="Run the .pt2 program and the ONNX model in lockstep and compare every "
+                                   "aligned pair of intermediate values.")
+    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
+    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
+    p.add_argument("--inputs", required=True,
+                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
+    _common(p)
+    p.set_defaults(func=_compare)
+
+    d = sub.add_parser("demo", help="export the built-in dummy_llm, inject a fault and compare",
+                       description="A self-contained example: exports sbs_widget.dummy_llm() to ONNX, "
+                                   "replaces one Add by Sub in the ONNX model, and compares.")
+    d.add_argument("--no-fault", action="store_true", help="compare the correct export")
+    d.add_argument("--optimize", action="store_true", help="export with optimize=True")
+    _common(d)
+    d.set_defaults(func=_demo)
+
+
+def _common(p) -> None:
+    p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
+    p.add_argument("--atol", type=cli_tolerance, default=None,
+                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
+    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
+    p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
+                   help="FX or ONNX names whose torch value replaces the ONNX one downstream")
+    p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--time-limit", type=cli_time_limit, default=None, metavar="SECONDS",
+                   help="end the run after this long (the records so far are written; exit code 1)")
+
+
+def _check_output(path: str | None) -> None:
+    from sbs_widget.cli.main import check_output_file
+
+    check_output_file(path, WRITERS)  # before the run: a bad -o must not cost the whole comparison
+
+
+def _compare(args) -> int:
+    _check_output(args.output)
+    from sbs_widget.engine.entry import prepare
+
+    begin = time.perf_counter()
+    prepared = prepare(args.ep, args.onnx)
+    if prepared.user_ep is not None and not args.quiet:
+        print(f"prepared in {time.perf_counter() - begin:.1f} s, most of it decomposing the program as "
+              "torch.onnx.export does; to skip that next time, save the program it translated "
+              "(torch.export.save(onnx_program.exported_program, ...)) and pass it as --ep", file=sys.stderr)
+    return _run_and_report(prepared, args.inputs, None, args)
+
+
+def _demo(args) -> int:
+    _check_output(args.output)
+    from sbs_widget.samples.demo import demo_pair
+    from sbs_widget.engine.entry import prepare
+
+    ep, model, inputs, fault = demo_pair(fault=not args.no_fault, optimize=args.optimize)
+    if fault:
+        print(f"demo: dummy_llm exported to ONNX; injected fault: {fault}")
+    args.node_local = True  # the demo ends with the culprit: node-local errors make it sharp
+    args.culprits = 3
+    return _run_and_report(prepare(ep, model), inputs, None, args)
+
+
+def _run_and_report(prepared, inputs, kwargs, args) -> int:
+    from tqdm import tqdm
+
+    from sbs_widget.views.safe_text import visible
+    from sbs_widget.views.summary import summarize
+    from sbs_widget.engine.tolerance import describe as describe_tolerance
+
+    bar = None if args.quiet else tqdm(total=prepared.n_fx_nodes, unit="node", desc="comparing", file=sys.stderr)
+
+    def progress(done, total, name):
+        if bar is not None:
+            bar.n = done
+            if done == total or done % 16 == 0:
+                bar.set_postfix_str(visible(name[:30]), refresh=False)
+                bar.refresh()
+
+    records = []
+    defaults = (args.atol is None, args.rtol is None)
+    args.atol, args.rtol = prepared.tolerance(args.atol, args.rtol)
+    # Ctrl-C and --time-limit fire the token: a runtime call in flight is terminated, the run ends
+    token, ended = Cancel(getattr(args, "time_limit", None)), None
+    try:
+        with ctrl_c(token, lambda: _write_partial(list(records), args)):
+            try:
+                for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
+                                        reset_names=args.reset, node_local=args.node_local, progress=progress,
+                                        cancel=token):
+                    records.append(rec)
+            except RunCancelled as e:
+                ended = e
+    finally:  # whatever happens, what was computed is written
+        if bar is not None:
+            bar.close()
+        if args.output and records:
+            write_records(records, args.output, atol=args.atol, rtol=args.rtol)
+            print(f"wrote {len(records)} records to {visible(args.output)}")
+    if token.reason == INTERRUPTED:  # Ctrl-C: out at once, with what was computed written above
+        print(f"interrupted: {visible(str(ended or token.error()))}", file=sys.stderr)
+        exit_now(130)
+        return 130
+    if ended is not None:  # the summary must not read as the verdict on the whole model
+        print(f"stopped early: the summary below covers the {len(records)} records compared before the time "
+              "limit")
+    for line in summarize(records, prepared).lines():
+        print(visible(line))
+    print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
+    if getattr(args, "culprits", 0):
+        _print_culprits(records, prepared, args)
+    if ended is not None:  # out of time: the summary above covers what was compared
+        raise ended
+    return 0
+
+
+def exit_now(code: int) -> None:
+    """As ``python -m sbs_widget``: exit without the interpreter's teardown (torch's takes seconds,
+    and a thread left in a runtime call would be waited for); called in-process, do nothing."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "sbs_widget.__main__":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _write_partial(records, args) -> None:
+    """Ctrl-C while a runtime call ignores terminate: what was compared is written anyway."""
+    from sbs_widget.views.safe_text import visible
+
+    if args.output and records:
+        write_records(records, args.output, atol=args.atol, rtol=args.rtol)
+        print(f"interrupted: wrote {len(records)} records to {visible(args.output)}", file=sys.stderr)
+
+
+def _print_culprits(records, prepared, args) -> None:
+    try:
+        from sbs_widget.blame.culprits import find_culprits
+    except ImportError:  # the culprit finder is not part of this build
+        return
+    from sbs_widget.views.safe_text import clipped, visible
+
+    found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
+    if not found:
+        print("culprits: none (every difference is within tolerance)")
+    for rank, c in enumerate(found, 1):
+        print(visible(f"culprit {rank}: {c.onnx_op_type} node {clipped(repr(c.onnx_node))} (value "
+                      f"{clipped(repr(c.onnx_name))}, module "
+                      f"{c.module or '-'}): {c.reason}"))
+
+
+def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """Write records to ``path``, format chosen by extension (.csv, .xlsx, .parquet, .html).
+
+    The file appears complete or not at all (written aside, then renamed). CSV and xlsx string cells
+    are neutralised (``safe_text.spreadsheet_cell``): no formula, no control character; parquet and
+    html keep the names exact (typed columns; the page renders text, never markup)."""
+    from sbs_widget.records import to_dataframe
+    from sbs_widget.views.safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in WRITERS:
+        raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
+    with atomic_path(path) as tmp:
+        if ext == ".html":
+            try:
+                from sbs_widget.views.report import write_html_report
+            except ImportError:  # the widget's report is not part of this build
+                to_dataframe(records).to_html(tmp, index=False, escape=True)
+            else:
+                write_html_report(records, tmp, atol=atol, rtol=rtol)
+            return
+        df = to_dataframe(records).drop(columns=["histogram"])
+        if ext == ".csv":
+            spreadsheet_frame(df).to_csv(tmp, index=False)
+        elif ext == ".xlsx":
+            spreadsheet_frame(df, XLSX_MAX_CELL).to_excel(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)

@@ -1,0 +1,85 @@
+"""``python -m sbs_widget culprits`` and ``repro``: where the discrepancy starts, and a file to show it.
+
+    python -m sbs_widget culprits --ep model.pt2 --onnx model.onnx --inputs inputs.pt [--json] [--top N]
+    python -m sbs_widget repro --ep model.pt2 --onnx model.onnx --inputs inputs.pt --name NAME -o FOLDER [--force]
+
+``culprits`` exits with 0 whether or not culprits are found (an empty list on a correct export).
+"""
+
+from __future__ import annotations
+
+import json
+
+from sbs_widget.cli.main import check_output_folder, positive_int
+from sbs_widget.engine.tolerance import cli_tolerance
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("culprits", help="rank the ONNX nodes where the discrepancy starts",
+                       description="Run both sides with node-local errors and name the nodes where errors "
+                                   "originate, most likely first, each with a reason.")
+    _files(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list, most likely first")
+    p.add_argument("--top", type=positive_int, default=10,
+                   help="how many culprits at most, a positive integer (default 10)")
+    p.set_defaults(func=_culprits)
+
+    r = sub.add_parser("repro", help="write a minimal ONNX model + data + replay.py reproducing one culprit",
+                       description="Cut the ONNX node (or fused group) computing NAME into its own model, "
+                                   "with the torch inputs and expected outputs, and a replay.py script.")
+    _files(r)
+    r.add_argument("--name", required=True, help="ONNX value, ONNX node or FX node name (e.g. a culprit's)")
+    r.add_argument("-o", "--output", required=True,
+                   help="folder to write the bundle into: a new folder (its parent must exist) or an existing "
+                        "one holding no bundle file; a folder holding one is refused unless --force is given")
+    r.add_argument("--force", action="store_true",
+                   help="overwrite the bundle files (model.onnx, replay.py, ...) in an existing folder; other "
+                        "files there are left alone")
+    r.set_defaults(func=_repro)
+
+
+def _files(p) -> None:
+    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
+    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
+    p.add_argument("--inputs", required=True,
+                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
+    p.add_argument("--atol", type=cli_tolerance, default=None,
+                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
+    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+
+
+def _culprits(args) -> int:
+    from sbs_widget.blame.culprits import culprits
+    from sbs_widget.engine.entry import prepare
+
+    from sbs_widget.views.safe_text import clipped, visible
+
+    found = culprits(prepare(args.ep, args.onnx), None, args.inputs, top=args.top, atol=args.atol,
+                     rtol=args.rtol, runtime=args.runtime)
+    if args.json:
+        # ensure_ascii (the default) writes control and bidi characters as \u escapes
+        print(json.dumps([c.to_dict() for c in found], indent=1, default=float))
+        return 0
+    if not found:
+        print("no culprit: every compared value agrees within tolerance, or no node creates an error")
+        return 0
+    for k, c in enumerate(found, 1):
+        node, value = clipped(repr(c.onnx_node)), clipped(repr(c.onnx_name))  # 100k-character names
+        print(visible(f"{k}. {c.onnx_op_type} {node} -> {value} (FX {c.ep_name}, score {c.score:.2f})"))
+        print(visible(f"   {c.reason}"))
+    return 0
+
+
+def _repro(args) -> int:
+    from sbs_widget.engine.entry import prepare
+    from sbs_widget.blame.repro import BUNDLE_FILES, export_repro
+    from sbs_widget.views.safe_text import visible
+
+    check_output_folder(args.output, BUNDLE_FILES, args.force)  # before the run
+    bundle = export_repro(prepare(args.ep, args.onnx), args.inputs, args.name, args.output,
+                          atol=args.atol, rtol=args.rtol)
+    print(visible(f"wrote {bundle.folder}: {', '.join(bundle.files)}"))
+    print(visible(f"max abs error of the piece on torch inputs: {bundle.err_abs:.3g}; run: python "
+                  f"{bundle.folder}/replay.py"))
+    return 0

@@ -1,0 +1,416 @@
+"""Dump the inputs and outputs of chosen submodules of a torch model into one ONNX file.
+
+``steal_forward`` intercepts ``forward``; ``load_dump`` rebuilds what it stored. In the file every
+tensor is the output of a ``Constant`` node (any ONNX runtime can run the file to get them back) and the
+nesting (args/kwargs, containers, non-tensor values) is JSON in ``metadata_props["sbs_widget.dump"]``.
+Loading never unpickles nor evaluates anything: only JSON, raw tensor bytes and an allowlist of types.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import math
+import warnings
+from typing import Any, Iterable
+
+import onnx
+import torch
+from torch.utils import _pytree
+
+from sbs_widget.errors import InputError, LoadError, SbsWidgetWarning
+from sbs_widget.strings import onnx_elem_type, string_type, torch_dtype
+
+METADATA_KEY = "sbs_widget.dump"
+FORMAT_VERSION = 1
+_CACHE_MODULE = "transformers.cache_utils"
+
+
+# ---------------------------------------------------------------- structure <-> JSON
+
+
+def _cache_class(module: str, qualname: str):
+    """A transformers cache class by name, or None: the only classes rebuilt from their ``__dict__``."""
+    if module != _CACHE_MODULE:
+        return None
+    import importlib
+
+    mod = importlib.import_module(_CACHE_MODULE)
+    cls = getattr(mod, qualname, None)
+    bases = tuple(b for b in (getattr(mod, "Cache", None), getattr(mod, "CacheLayerMixin", None)) if b)
+    return cls if isinstance(cls, type) and issubclass(cls, bases) else None
+
+
+def _encode(obj, tensors: list, unsupported: list, where: str):
+    """JSON-able description of ``obj``; tensors are appended to ``tensors`` and referenced by index."""
+    if obj is None or type(obj) in (bool, int, str):
+        return obj
+    if type(obj) is float:
+        return obj if math.isfinite(obj) else {"_t": "float", "v": repr(obj)}
+    if isinstance(obj, torch.Tensor):
+        try:
+            onnx_elem_type(obj.dtype)
+        except TypeError:
+            unsupported.append(f"{where} (tensor of dtype {obj.dtype})")
+            return {"_t": "unsupported", "type": str(obj.dtype)}
+        tensors.append(obj)
+        return {"_t": "tensor", "i": len(tensors) - 1}
+    if type(obj) is tuple:
+        return {"_t": "tuple", "v": [_encode(x, tensors, unsupported, f"{where}[{i}]") for i, x in enumerate(obj)]}
+    if type(obj) is list:
+        return [_encode(x, tensors, unsupported, f"{where}[{i}]") for i, x in enumerate(obj)]
+    if type(obj) is dict:
+        if all(k is None or type(k) in (str, int, bool) for k in obj):
+            return {"_t": "dict", "k": list(obj),
+                    "v": [_encode(v, tensors, unsupported, f"{where}[{k!r}]") for k, v in obj.items()]}
+        unsupported.append(f"{where} (dict with keys that are not str/int/bool)")
+        return {"_t": "unsupported", "type": "dict"}
+    if isinstance(obj, torch.dtype):
+        return {"_t": "dtype", "v": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {"_t": "device", "v": str(obj)}
+    if isinstance(obj, torch.Size):
+        return {"_t": "size", "v": list(obj)}
+    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):  # namedtuple
+        return {"_t": "namedtuple", "type": type(obj).__name__, "fields": list(obj._fields),
+                "v": [_encode(x, tensors, unsupported, f"{where}.{f}") for f, x in zip(obj._fields, obj)]}
+    cls = type(obj)
+    node = _pytree.SUPPORTED_NODES.get(cls)
+    ser = getattr(_pytree, "SUPPORTED_SERIALIZED_TYPES", {}).get(cls)
+    if node is not None and ser is not None and getattr(ser, "serialized_type_name", None):
+        children, context = node.flatten_fn(obj)
+        to_ctx = getattr(ser, "to_dumpable_context", None)
+        try:
+            ctx = to_ctx(context) if to_ctx else context
+            json.dumps(ctx)
+        except (TypeError, ValueError):
+            unsupported.append(f"{where} ({cls.__name__}: pytree context is not JSON)")
+            return {"_t": "unsupported", "type": cls.__name__}
+        return {"_t": "pytree", "type": ser.serialized_type_name, "ctx": ctx,
+                "v": [_encode(x, tensors, unsupported, f"{where}.{i}") for i, x in enumerate(children)]}
+    if isinstance(obj, type) and _cache_class(obj.__module__, obj.__qualname__):
+        return {"_t": "class", "module": obj.__module__, "type": obj.__qualname__}
+    if _cache_class(cls.__module__, cls.__qualname__):
+        # transformers caches are not pytree nodes unless an exporter registered them: keep their state.
+        state = {k: _encode(v, tensors, unsupported, f"{where}.{k}") for k, v in vars(obj).items()}
+        return {"_t": "obj", "module": cls.__module__, "type": cls.__qualname__, "state": state}
+    unsupported.append(f"{where} ({cls.__name__})")
+    return {"_t": "unsupported", "type": cls.__name__}
+
+
+def _decode(node, tensors: list):
+    """Inverse of ``_encode``; only builds JSON types, tensors and allowlisted containers."""
+    if node is None or type(node) in (bool, int, float, str):
+        return node
+    if type(node) is list:
+        return [_decode(x, tensors) for x in node]
+    if type(node) is not dict:
+        raise LoadError(f"dump: unexpected JSON value {node!r}")
+    tag = node.get("_t")
+    if tag == "tensor":
+        return tensors[node["i"]]
+    if tag == "tuple":
+        return tuple(_decode(x, tensors) for x in node["v"])
+    if tag == "dict":
+        return dict(zip(node["k"], (_decode(x, tensors) for x in node["v"])))
+    if tag == "float":
+        return float(node["v"])
+    if tag == "dtype":
+        dtype = getattr(torch, node["v"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise LoadError(f"dump: unknown dtype {node['v']!r}")
+        return dtype
+    if tag == "device":
+        try:
+            return torch.device(node["v"])
+        except (RuntimeError, TypeError, ValueError):
+            raise LoadError(f"dump: unknown device {str(node['v'])[:80]!r}; a dump names devices such as "
+                            "'cpu' or 'cuda:0'") from None
+    if tag == "size":
+        return torch.Size(node["v"])
+    if tag == "namedtuple":
+        cls = collections.namedtuple(node["type"], node["fields"])
+        return cls(*(_decode(x, tensors) for x in node["v"]))
+    if tag == "pytree":
+        cls = _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(node["type"])
+        if cls is None:
+            raise LoadError(f"dump: container type {node['type']!r} is not registered with torch pytree "
+                            "in this process; import the library that registers it, then load again")
+        ser = _pytree.SUPPORTED_SERIALIZED_TYPES[cls]
+        from_ctx = getattr(ser, "from_dumpable_context", None)
+        ctx = from_ctx(node["ctx"]) if from_ctx else node["ctx"]
+        return _pytree.SUPPORTED_NODES[cls].unflatten_fn([_decode(x, tensors) for x in node["v"]], ctx)
+    if tag in ("obj", "class"):
+        cls = _cache_class(node["module"], node["type"])
+        if cls is None:
+            raise LoadError(f"dump: type {node['module']}.{node['type']} is not an allowed container")
+        if tag == "class":
+            return cls
+        obj = cls.__new__(cls)
+        obj.__dict__.update({k: _decode(v, tensors) for k, v in node["state"].items()})
+        return obj
+    if tag == "unsupported":
+        return f"<not stored: {node['type']}>"
+    raise LoadError(f"dump: unknown tag {tag!r}")
+
+
+# ---------------------------------------------------------------- steal_forward
+
+
+def _name_targets(targets) -> list[tuple[str, torch.nn.Module]]:
+    if isinstance(targets, torch.nn.Module):
+        targets = [targets]
+    targets = list(targets)
+    if all(isinstance(t, tuple) and len(t) == 2 for t in targets):
+        pairs = [(str(n), m) for n, m in targets]
+    elif all(isinstance(t, torch.nn.Module) for t in targets):
+        # The module that contains all the others names them by their path in it.
+        pairs = []
+        for root in targets:
+            paths = {id(m): p for p, m in root.named_modules()}
+            if all(id(t) in paths for t in targets):
+                pairs = [(paths[id(t)] or type(root).__name__, t) for t in targets]
+                break
+        if not pairs:
+            pairs = [(f"{type(t).__name__}_{i}", t) for i, t in enumerate(targets)]
+    else:
+        raise InputError("steal_forward: targets must be a module, a list of modules or of (name, module) pairs")
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names) or len({id(m) for _, m in pairs}) != len(pairs):
+        raise InputError(f"steal_forward: duplicated name or module in targets {names}")
+    return pairs
+
+
+class ForwardStealer:
+    """What ``steal_forward`` returns: a context manager holding what it intercepted.
+
+    - ``storage``: ``{(name, iteration, "I"): (args, kwargs), (name, iteration, "O"): output}`` in call order
+    - ``stored_bytes``, ``dropped`` (keys not kept beyond ``storage_limit``), ``dropped_bytes``
+    - ``unsupported``: where a value could not be stored (kept as a ``"<not stored: type>"`` string)
+    """
+
+    def __init__(self, targets, *, dump_file=None, storage_limit: int = 2**27, verbose: int = 0):
+        self.targets = _name_targets(targets)
+        self.dump_file = dump_file
+        self.storage_limit = storage_limit
+        self.verbose = verbose
+        self.stored_bytes = 0
+        self.dropped: list[tuple] = []
+        self.dropped_bytes = 0
+        self.unsupported: list[str] = []
+        self._entries: dict[tuple, tuple[Any, list[torch.Tensor]]] = {}
+        self._counts: dict[str, int] = {}
+        self._saved: list[tuple[torch.nn.Module, Any]] = []
+        self._depth = 0
+
+    # storing ---------------------------------------------------------------
+    def _store(self, key: tuple, value) -> None:
+        tensors: list[torch.Tensor] = []
+        node = _encode(value, tensors, self.unsupported, f"{key[0]}[{key[1]}].{key[2]}")
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        if self.dropped or self.stored_bytes + size > self.storage_limit:
+            self.dropped.append(key)
+            self.dropped_bytes += size
+            return
+        self.stored_bytes += size
+        # Cloned now: the model may change its inputs in place later (caches do).
+        self._entries[key] = (node, [t.detach().clone() for t in tensors])
+
+    @property
+    def storage(self) -> dict:
+        """The stored values, rebuilt with their original nesting (tensors are shared, not copied)."""
+        return {k: _decode(node, tensors) for k, (node, tensors) in self._entries.items()}
+
+    # interception ----------------------------------------------------------
+    def _wrap(self, name: str, forward):
+        @functools.wraps(forward)
+        def stolen_forward(*args, **kwargs):
+            it = self._counts.get(name, 0)
+            self._counts[name] = it + 1
+            self._store((name, it, "I"), (args, kwargs))
+            self._depth += 1
+            try:
+                out = forward(*args, **kwargs)
+            finally:
+                self._depth -= 1
+            self._store((name, it, "O"), out)
+            if self.verbose:
+                print(f"{'  ' * self._depth}{name}[{it}] {string_type((args, kwargs))} -> {string_type(out)}")
+            return out
+
+        return stolen_forward
+
+    def __enter__(self) -> "ForwardStealer":
+        for name, module in self.targets:
+            # Keep the instance attribute if there was one (someone else patched forward before us).
+            self._saved.append((module, module.__dict__.get("forward")))
+            module.forward = self._wrap(name, module.forward)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for module, previous in reversed(self._saved):
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
+        self._saved.clear()
+        if self.unsupported:
+            shown = ", ".join(self.unsupported[:5]) + (" ..." if len(self.unsupported) > 5 else "")
+            warnings.warn(f"steal_forward could not store {len(self.unsupported)} value(s), kept as "
+                          f"'<not stored: type>': {shown}", SbsWidgetWarning, stacklevel=2)
+        if self.dropped:
+            warnings.warn(f"steal_forward: storage_limit={self.storage_limit} bytes reached, dropped "
+                          f"{len(self.dropped)} value(s) ({self.dropped_bytes} bytes) from {self.dropped[0]} "
+                          f"onward; raise storage_limit or steal fewer modules", SbsWidgetWarning, stacklevel=2)
+        if self.dump_file is not None:
+            save_dump(self._entries, self.dump_file)
+        if self.verbose:
+            print(f"steal_forward: {len(self._entries)} value(s), {self.stored_bytes} bytes"
+                  + (f" -> {self.dump_file}" if self.dump_file is not None else ""))
+
+
+def steal_forward(targets, *, dump_file=None, storage_limit: int = 2**27, verbose: int = 0) -> ForwardStealer:
+    """Intercept every call of ``forward`` of ``targets`` and keep its inputs and outputs.
+
+    ``targets``: a module, a list of ``(name, module)`` pairs or a list of modules (named by their path
+    in the one that contains the others; that one is named by its class). Keys are
+    ``(name, iteration, "I")`` -> ``(args, kwargs)`` and ``(name, iteration, "O")`` -> output, where
+    ``iteration`` counts the calls of that module from 0. On exit ``forward`` is restored, even after an
+    exception, and everything is written to ``dump_file`` (see ``load_dump``) if given.
+
+    >>> import torch, sbs_widget
+    >>> model, inputs = sbs_widget.dummy_llm()
+    >>> with sbs_widget.steal_forward([model, model.decoder.feed_forward]) as stolen:
+    ...     _ = model(*inputs)
+    >>> sorted(stolen.storage)[:2]
+    [('DummyLLM', 0, 'I'), ('DummyLLM', 0, 'O')]
+    >>> sbs_widget.string_type(stolen.storage["decoder.feed_forward", 0, "O"])
+    'T1s2x30x16'
+    """
+    return ForwardStealer(targets, dump_file=dump_file, storage_limit=storage_limit, verbose=verbose)
+
+
+# ---------------------------------------------------------------- file
+
+
+def _tensor_proto(name: str, t: torch.Tensor) -> onnx.TensorProto:
+    t = t.detach().cpu().contiguous()
+    proto = onnx.TensorProto()
+    proto.name = name
+    proto.data_type = onnx_elem_type(t.dtype)
+    proto.dims.extend(t.shape)
+    # Raw little-endian bytes of the exact bits: bfloat16 and float8 need no numpy type.
+    proto.raw_data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return proto
+
+
+def dump_model(entries: dict[tuple, tuple[Any, list[torch.Tensor]]]) -> onnx.ModelProto:
+    """The ONNX model holding ``entries`` (``key -> (json node, tensors)``, as ``ForwardStealer`` keeps them)."""
+    nodes, outputs, meta, used = [], [], [], set()
+    for (name, it, kind), (node, tensors) in entries.items():
+        names = []
+        for j, t in enumerate(tensors):
+            out = f"{name}.{it}.{kind}.{j}"
+            if out in used:  # only with odd user names
+                out = f"{out}.{len(used)}"
+            used.add(out)
+            names.append(out)
+            nodes.append(onnx.helper.make_node("Constant", [], [out], value=_tensor_proto(out, t)))
+            outputs.append(onnx.helper.make_tensor_value_info(out, onnx_elem_type(t.dtype), list(t.shape)))
+        meta.append({"name": name, "iteration": it, "kind": kind, "value": node, "tensors": names})
+    graph = onnx.helper.make_graph(nodes, "sbs_widget_dump", [], outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9,
+                                   producer_name="sbs_widget")
+    doc = {"version": FORMAT_VERSION, "entries": meta}
+    onnx.helper.set_model_props(model, {METADATA_KEY: json.dumps(doc, allow_nan=False)})
+    return model
+
+
+def save_dump(entries: dict, path) -> None:
+    """Write ``entries`` (``ForwardStealer._entries``) to ``path``."""
+    onnx.save(dump_model(entries), str(path))
+
+
+def _tensor_from_proto(proto: onnx.TensorProto) -> torch.Tensor:
+    try:
+        dtype = torch_dtype(proto.data_type)
+    except TypeError as e:
+        raise LoadError(f"dump: tensor {proto.name!r}: {e}") from None
+    shape = tuple(proto.dims)
+    n = math.prod(shape)
+    if proto.data_location == onnx.TensorProto.EXTERNAL:
+        raise LoadError(f"dump: tensor {proto.name!r} uses external data, which load_dump does not read")
+    if proto.raw_data or n == 0:
+        raw = proto.raw_data
+        if len(raw) != n * torch.empty((), dtype=dtype).element_size():
+            raise LoadError(f"dump: tensor {proto.name!r} has {len(raw)} bytes for shape {shape} {dtype}")
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape)
+    # Typed fields (a file rewritten by another tool); numpy_helper knows every layout.
+    arr = onnx.numpy_helper.to_array(proto)
+    if dtype.itemsize == 2 and dtype != torch.float16 and dtype != torch.int16:
+        return torch.from_numpy(arr.view("int16").copy()).view(dtype)
+    return torch.from_numpy(arr.copy())
+
+
+def load_dump(path) -> dict:
+    """Rebuild ``{(name, iteration, "I"): (args, kwargs), (name, iteration, "O"): output}`` from a dump file.
+
+    The round trip is bitwise exact for every dtype, bfloat16 included; keys come in call order.
+
+    >>> import tempfile, os, torch, sbs_widget
+    >>> lin = torch.nn.Linear(2, 3)
+    >>> path = os.path.join(tempfile.mkdtemp(), "dump.onnx")
+    >>> with sbs_widget.steal_forward([("lin", lin)], dump_file=path):
+    ...     y = lin(torch.ones(4, 2))
+    >>> torch.equal(sbs_widget.load_dump(path)["lin", 0, "O"], y)
+    True
+    """
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise LoadError(f"cannot read dump file {path}: {e}") from e
+    props = {p.key: p.value for p in model.metadata_props}
+    if METADATA_KEY not in props:
+        raise LoadError(f"{path} is not a sbs_widget dump (no metadata_props[{METADATA_KEY!r}])")
+    try:
+        doc = json.loads(props[METADATA_KEY])
+        entries = doc["entries"]
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise LoadError(f"{path}: corrupt dump metadata ({e})") from e
+    if doc.get("version") != FORMAT_VERSION:
+        raise LoadError(f"{path}: dump format version {doc.get('version')} is not {FORMAT_VERSION}")
+    constants = {}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and len(node.output) == 1:
+            for att in node.attribute:
+                if att.name == "value":
+                    constants[node.output[0]] = _tensor_from_proto(att.t)
+    result = {}
+    for e in entries:
+        try:
+            tensors = [constants[n] for n in e["tensors"]]
+            result[(e["name"], e["iteration"], e["kind"])] = _decode(e["value"], tensors)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as err:
+            raise LoadError(f"{path}: entry {e.get('name')!r} is inconsistent ({err!r})") from err
+    return result
+
+
+def flatten_tensors(value) -> list[torch.Tensor]:
+    """The tensors of a stored value, in the order torch.export flattens ``(args, kwargs)``.
+
+    >>> import torch
+    >>> len(flatten_tensors(((torch.ones(1),), {"mask": torch.ones(2), "n": 3})))
+    2
+    """
+    found: list[torch.Tensor] = []
+    _encode(value, found, [], "")
+    return found
+
+
+def iter_calls(dump: dict, name: str | None = None) -> Iterable[tuple[str, int]]:
+    """``(name, iteration)`` of every call in ``dump``, in the order the calls started."""
+    for key in dump:
+        if key[2] == "I" and (name is None or key[0] == name):
+            yield key[0], key[1]

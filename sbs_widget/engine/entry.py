@@ -1,0 +1,212 @@
+"""The lockstep engine: run the FX program and the ONNX model side by side and yield one ``Record``
+per aligned pair as soon as both sides have produced it.
+
+Design (see the field notes):
+- the FX side is the decomposed program, run node by node (``fx_runner``);
+- the ONNX side runs segment by segment (``segments``): one session per segment, created once and
+  cached on the ``Prepared`` object, so reruns (reset experiments) pay nothing again;
+- each value is freed once compared and no longer read on its side;
+- the ONNX side always runs with the ONNX file's own weights.
+
+Modules: ``prepared`` holds what is worked out once per pair (alignment, sizes, caches), ``lockstep``
+one run over it, ``background`` the thread that compiles the coming segments; this module the entry
+points (``prepare``, ``run_aligned``) and the check that tells which program the ONNX model comes from.
+
+>>> import torch, sbs_widget
+>>> model, inputs = sbs_widget.dummy_llm()
+>>> ep = torch.export.export(model, inputs)
+>>> onx = torch.onnx.export(ep, inputs, dynamo=True).model_proto  # doctest: +SKIP
+>>> records = list(sbs_widget.run_aligned(ep, onx, inputs))       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import warnings
+from collections import OrderedDict
+from typing import Iterable, Iterator
+
+import onnx
+import torch
+
+from sbs_widget.align.pairs import target_name
+from sbs_widget.engine.background import start_threads
+from sbs_widget.errors import InputError, ModelMismatchError, SbsWidgetWarning
+from sbs_widget.load.readers import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
+from sbs_widget.load.onnx_index import OnnxIndex
+from sbs_widget.engine.prepared import Prepared, Progress
+from sbs_widget.records import Record
+from sbs_widget.engine.runtimes import Runtime
+from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
+
+
+_PRINTED_NAMES = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
+
+
+NO_METADATA = (
+    "the ONNX model carries no pkg.torch.onnx metadata (exported with dynamo=False, or stripped since): "
+    "only inputs, weights, outputs and values of the same name and type pair up; export it with "
+    "torch.onnx.export(ep, ..., dynamo=True) to compare node by node")
+
+AGREEMENT_SAMPLE = 128  # FX nodes checked in full (target, input names): enough to tell two programs apart
+
+
+def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex) -> tuple[int, int]:
+    """How many FX nodes named by the ONNX metadata (``pkg.torch.onnx.fx_node`` holds the node as
+    ``format_node()`` prints it) exist in ``program`` so: same name, and, for an evenly spread sample
+    of them, the same target and input nodes. (A program decomposed differently has other names all
+    over the graph, and other targets or inputs where names coincide: checking every name, and a
+    sample's targets and inputs, tells the same as comparing the whole printed text, for a fraction
+    of the cost.)"""
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
+    named = {}
+    for i, fx in enumerate(index.node_fx):
+        if fx:
+            named[fx] = i
+    items = [(fx, i) for fx, i in named.items() if fx in nodes]
+    ok = len(items)
+    for fx, i in items[::max(1, len(items) // AGREEMENT_SAMPLE)]:
+        node = nodes[fx]
+        printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
+        if target_name(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops.") or \
+                list(dict.fromkeys(printed)) != [n.name for n in node.all_input_nodes]:
+            ok -= 1
+    return ok, len(named)
+
+
+# -- public entry points --------------------------------------------------------------------------
+
+_PREPARED: "OrderedDict[tuple, tuple]" = OrderedDict()
+_PREPARED_MAX = 4  # pairs kept: the latest ones, the ones a notebook reruns
+
+
+def prepare(ep, onx=None) -> Prepared:
+    """Load, decompose (as the exporter does) and align once; the result runs many times.
+
+    ``ep``: an ExportedProgram (the one ``torch.export.export`` returns), a ``.pt2`` path, or the
+    ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional).
+    ``onx``: an ``onnx.ModelProto`` or a path (external data is loaded).
+    The last few pairs are cached, keyed by content (a digest of the ONNX model's or the file's bytes, the
+    program's code and the version counters of its weights), so that repeated calls on the same
+    content cost a digest, and an edited model or file is prepared again; the cache holds the
+    objects, so identities stay valid.
+    """
+    key = _cache_key(ep, onx)
+    hit = _PREPARED.get(key)
+    if hit is not None:
+        _PREPARED.move_to_end(key)
+        return hit[1]
+    start_threads()  # the runs to come need them
+    if is_onnx_program(ep):
+        model = load_onnx_model(onx if onx is not None else ep.model_proto)
+        prepared = Prepared(ep.exported_program, model, None)
+    else:
+        if onx is None:
+            raise InputError("onx is required: pass the ONNX model (ModelProto or path) exported from ep")
+        program = load_exported_program(ep)
+        model = load_onnx_model(onx)
+        index = OnnxIndex.build(model)
+        ok, total = _metadata_agreement(program, index)
+        if total and ok == total:
+            decomposed, user = program, None  # already the program the exporter translated
+        else:
+            decomposed, user = decompose_as_exporter(program), program
+            ok2, total2 = _metadata_agreement(decomposed, index)
+            if total2 and ok2 < 0.5 * total2:
+                raise ModelMismatchError(
+                    f"only {ok2} of the {total2} FX nodes named by the ONNX model's metadata exist in the "
+                    "ExportedProgram (decomposed as the exporter does): the ONNX model was not exported "
+                    "from this program"
+                )
+        prepared = Prepared(decomposed, model, user, index)
+        if not total and any(op != "Constant" for op in index.op_types):
+            prepared.notes.append(NO_METADATA)
+            warnings.warn(NO_METADATA, SbsWidgetWarning, stacklevel=2)
+    _PREPARED[key] = ((ep, onx), prepared)
+    while len(_PREPARED) > _PREPARED_MAX:
+        _PREPARED.popitem(last=False)
+    return prepared
+
+
+def _cache_key(ep, onx) -> tuple:
+    """What a preparation depends on, by content: a ModelProto edited in place, a file rewritten
+    within its modification time, or a program whose weights changed in place is prepared again."""
+    return (_content_key(ep), _content_key(onx) if onx is not None else None)
+
+
+def _content_key(x) -> tuple:
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        return ("file", os.path.abspath(path), _file_digest(path))
+    if isinstance(x, onnx.ModelProto):
+        return ("onnx", id(x), _model_digest(x))
+    if isinstance(x, torch.export.ExportedProgram):
+        return ("program", id(x), _program_version(x))
+    if is_onnx_program(x):
+        return ("onnx_program", id(x), _program_version(x.exported_program), _model_digest(x.model_proto))
+    return ("object", id(x))
+
+
+def _file_digest(path: str) -> str | None:
+    """The file's bytes hashed (BLAKE2, ~1 GB/s): cheaper than loading it again."""
+    try:
+        h = hashlib.blake2b()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None  # the loader says what is wrong with the path
+
+
+def _model_digest(model: onnx.ModelProto) -> str:
+    """The model's bytes hashed piece by piece (a whole model over 2 GB cannot be serialized at once)."""
+    h = hashlib.blake2b()
+    graph = model.graph
+    for field in (graph.node, graph.initializer, graph.sparse_initializer, graph.input, graph.output,
+                  graph.value_info, model.opset_import, model.functions, model.metadata_props):
+        h.update(len(field).to_bytes(8, "little"))
+        for item in field:
+            h.update(item.SerializeToString())
+    return h.hexdigest()
+
+
+def _program_version(program: torch.export.ExportedProgram) -> tuple:
+    """The graph's code and the in-place version counters of its weights and constants: a weight
+    changed in place (``p.add_(1)``) or a graph edited bumps them (torch counts every in-place write)."""
+    tensors = [*program.state_dict.items(), *program.constants.items()]
+    return (hash(program.graph_module.code),
+            tuple((k, v._version, v.data_ptr()) for k, v in tensors if isinstance(v, torch.Tensor)))
+
+
+def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
+                atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
+                node_local: bool = False, exc: bool = False, progress: Progress | None = None,
+                time_limit: float | None = None, **options) -> Iterator[Record]:
+    """Run ``ep`` and ``onx`` in lockstep and yield one ``Record`` per aligned pair, in execution order.
+
+    - ``ep``/``onx``: see ``prepare``; ``args``/``kwargs`` the model inputs, or ``args`` a path to a
+      ``torch.save``d inputs file (read with ``weights_only=True``).
+    - ``reset_names``: FX node names or ONNX value names whose torch value replaces the ONNX one for
+      every downstream ONNX node ("if this value were right, would the rest be?").
+    - ``node_local``: also run each ONNX node (or fused group) on torch inputs; fills ``err_local``.
+    - ``atol``/``rtol``: a pair is beyond tolerance when some |diff| > atol + rtol * |torch|. ``None``:
+      the default for the precision the program computes in (1e-4 for float32, 3e-2 for float16: see
+      ``tolerance.py``; ``Prepared.tolerance()`` tells which).
+    - ``exc``: raise ``ToleranceExceeded`` at the first pair beyond tolerance.
+    - ``progress``: called with ``(done, total, current FX node name)``.
+    - ``runtime``: ``"onnxruntime"`` (CUDA provider when inputs are on CUDA), ``"onnx.reference"`` or
+      an object with ``.name`` and ``.compile(model)``.
+    - ``time_limit``: seconds the run may take (from its first record); past it the run ends with
+      ``RunTimeout`` naming the node it was at (an onnxruntime call in flight is terminated), the
+      records yielded so far being the consumer's to keep.
+    - ``keep_sessions=False``: drop each compiled segment once done (see ``Prepared.run``): less
+      memory, and reruns compile again.
+    """
+    prepared = prepare(ep, onx)
+    return prepared.run(args, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=reset_names,
+                        node_local=node_local, exc=exc, progress=progress, time_limit=time_limit, **options)

@@ -1,0 +1,123 @@
+"""Node-local runs: each ONNX node (or fused group) recomputed from the torch values of its inputs.
+
+If a node's output differs from torch even when it reads torch's inputs, the node itself creates the
+error; if it agrees, it only inherits an error from upstream. A *group* is the ONNX node producing a
+compared value plus the ONNX-only nodes feeding it (Constants, casts, transposed weights, reshapes of
+shapes...), up to the nearest values that have a torch twin, initializers or graph inputs. All groups
+of a segment are copied, renamed apart, into ONE model: one session per segment, never one per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper
+
+from sbs_widget.load.onnx_index import OnnxIndex
+from sbs_widget.engine.segments import SMALL_INITIALIZER, _output_info, _wrap
+
+MAX_GROUP_NODES = 64
+ANCHOR = "sbs_torch::"
+
+
+@dataclass
+class LocalGroup:
+    value: str                  # the compared ONNX value this group recomputes
+    nodes: list[int]            # ONNX node indices, topological
+    anchors: list[str]          # values fed from torch (twins exist)
+    constants: list[str]        # initializers read as they are in the ONNX file
+
+    def output_name(self, k: int) -> str:
+        return f"sbs_local{k}::{self.value}"
+
+
+@dataclass
+class LocalPlan:
+    groups: list[LocalGroup] = field(default_factory=list)
+    anchors: list[str] = field(default_factory=list)
+    big_constants: list[str] = field(default_factory=list)
+
+
+def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | None:
+    """The group recomputing ``value`` from twins, or None when it cannot be isolated."""
+    start = index.producer.get(value)
+    if start is None:
+        return None
+    own = index.node_fx[start]  # the FX node the value translates
+    nodes: set[int] = set()
+    foreign = 0  # nodes translating other FX nodes (or none)
+    anchors: list[str] = []
+    constants: list[str] = []
+    stack = [start]
+    while stack:
+        i = stack.pop()
+        if i in nodes:
+            continue
+        node = index.nodes[i]
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None  # renaming values would break the subgraph's outer-scope references
+        nodes.add(i)
+        # One FX node's own translation may be long (an LSTM slices its weights per gate: ~130
+        # nodes); beyond MAX_GROUP_NODES others, the value is too far from any twin.
+        if own is None or index.node_fx[i] != own:
+            foreign += 1
+            if foreign > MAX_GROUP_NODES:
+                return None
+        for x in index.node_inputs[i]:
+            if x in index.initializers:
+                if x not in constants:
+                    constants.append(x)
+            elif x in twins and x != value:
+                if x not in anchors:
+                    anchors.append(x)
+            elif x in index.producer:
+                stack.append(index.producer[x])
+            else:
+                return None  # a graph input without twin: nothing to feed
+    return LocalGroup(value, sorted(nodes), anchors, constants)
+
+
+def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str, int]) -> tuple[onnx.ModelProto, LocalPlan]:
+    """One model holding every group, values renamed per group; anchors are inputs named
+    ``sbs_torch::<value>``, big initializers are inputs under their own name."""
+    plan = LocalPlan(groups=groups)
+    nodes, inits = [], []
+    seen_init: set[str] = set()
+    for k, g in enumerate(groups):
+        rename = {a: ANCHOR + a for a in g.anchors}
+        for c in g.constants:
+            rename[c] = c
+            if c in seen_init:
+                continue
+            seen_init.add(c)
+            if index.initializer_numel(c) <= SMALL_INITIALIZER:
+                inits.append(index.initializers[c])
+            else:
+                plan.big_constants.append(c)
+        for a in g.anchors:
+            if a not in plan.anchors:
+                plan.anchors.append(a)
+        prefix = f"sbs_local{k}::"
+        for i in g.nodes:
+            src = index.nodes[i]
+            node = onnx.NodeProto()
+            node.CopyFrom(src)
+            # metadata (stack traces...) is most of a node's bytes, and the runtime would keep it
+            node.ClearField("metadata_props")
+            node.ClearField("doc_string")
+            node.name = prefix + (src.name or f"n{i}")
+            del node.input[:]
+            node.input.extend(rename.get(x, prefix + x) if x else "" for x in src.input)
+            del node.output[:]
+            node.output.extend(prefix + o if o else "" for o in src.output)
+            nodes.append(node)
+    inputs = [helper.make_tensor_value_info(ANCHOR + a, feed_types[ANCHOR + a], None) for a in plan.anchors]
+    inputs += [helper.make_tensor_value_info(c, feed_types[c], None) for c in plan.big_constants]
+    outputs = []
+    for k, g in enumerate(groups):
+        vi = _output_info(index, g.value)
+        vi.name = g.output_name(k)
+        outputs.append(vi)
+    graph = helper.make_graph(nodes, "node_local", inputs, outputs, initializer=inits)
+    return _wrap(index.model, graph), plan

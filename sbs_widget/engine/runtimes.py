@@ -1,0 +1,183 @@
+"""ONNX runtimes behind one small protocol, so that others can be plugged in.
+
+A runtime turns an ONNX model into a callable ``feeds -> list of outputs``. The engine compiles a few
+models per comparison (one per segment of the graph, see ``segments.py``), never one per node.
+
+>>> rt = get_runtime("onnxruntime")
+>>> rt.name
+'onnxruntime'
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+import onnx
+import torch
+
+from sbs_widget.engine.cancel import current_run_options
+from sbs_widget.errors import InputError
+from sbs_widget.engine.segments import numpy_elem_type
+from sbs_widget.strings import TORCH_TO_ONNX
+
+Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the engine needs from a runtime. Optional: ``compiles_in_background = True`` lets the engine
+    compile the coming segments in a background thread (``compile`` must then be thread-safe);
+    ``accepts_serialized = True`` has ``compile`` also take the model as serialized bytes (the engine
+    builds segments as bytes; otherwise it parses them into a ``ModelProto`` first)."""
+
+    name: str
+
+    def compile(self, model: onnx.ModelProto) -> Compiled:
+        """Prepare ``model``; the result is called with feeds and the output names wanted."""
+        ...
+
+
+class OnnxruntimeRuntime:
+    """onnxruntime with graph optimizations off, so that every intermediate value the exporter wrote
+    is the one computed (ORT fusions would otherwise remove them)."""
+
+    name = "onnxruntime"
+    compiles_in_background = True  # InferenceSession releases the GIL for most of its building
+    # (parsing the model holds it: about a third)
+    accepts_serialized = True
+
+    def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 1):
+        import onnxruntime
+
+        self._ort = onnxruntime
+        available = onnxruntime.get_available_providers()
+        self.providers = [p for p in (providers or ["CPUExecutionProvider"]) if p in available] \
+            or ["CPUExecutionProvider"]
+        self.intra_op_num_threads = intra_op_num_threads
+
+    def compile(self, model: onnx.ModelProto | bytes) -> Compiled:
+        opts = self._ort.SessionOptions()
+        opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # Fatal only: a node that fails is reported by its record, onnxruntime would print it again.
+        opts.log_severity_level = 4
+        # Each segment has its own session; arenas would keep every segment's peak allocated.
+        opts.enable_cpu_mem_arena = False
+        # Memory patterns pre-plan one block for every value of a run and keep it with the session.
+        opts.enable_mem_pattern = False
+        # No spinning threads after a run: the FX side runs next, and the coming sessions compile.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.intra_op_num_threads = self.intra_op_num_threads or cores()
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        session = self._ort.InferenceSession(data, opts, providers=self.providers)
+        ort = self._ort
+        # The run's RunOptions (cancel.py): stopping the run or its time limit terminates the call.
+        if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
+            def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+                return session.run(outputs, feeds, current_run_options(ort))
+
+            return run
+
+        def run_exotic(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+            # session.run reads and returns numpy types only: bfloat16 / float8 go through OrtValues.
+            values = session.run_with_ort_values(outputs, {k: ort_value(ort, v) for k, v in feeds.items()},
+                                                 current_run_options(ort))
+            return [ort_array(v) for v in values]
+
+        return run_exotic
+
+
+def exact_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy with the same bits: bfloat16 and float8 as their ml_dtypes types (torch's
+    ``.numpy()`` refuses them), for a runtime to compute with exactly torch's values."""
+    t = t.detach().cpu()
+    if t.dtype not in _NO_NUMPY_DTYPES:
+        return t.numpy()
+    bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.uint8).numpy()
+    return bits.view(onnx.helper.tensor_dtype_to_np_dtype(TORCH_TO_ONNX[t.dtype]))
+
+
+# Types numpy has no dtype for (ml_dtypes, onnx's dependency, has them), and onnxruntime's names of them.
+_NO_NUMPY_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+                    torch.float8_e5m2fnuz)
+_NO_NUMPY_TYPE = {f"tensor({onnx.TensorProto.DataType.Name(TORCH_TO_ONNX[t]).lower()})" for t in _NO_NUMPY_DTYPES}
+
+
+def ort_value(ort, array: np.ndarray):
+    """An onnxruntime OrtValue of ``array``; ml_dtypes arrays (bfloat16, float8) hand over their bits
+    with their ONNX type."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.kind == "V":
+        bits = array.view(np.uint16 if array.itemsize == 2 else np.uint8)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, numpy_elem_type(array))
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def ort_array(value) -> np.ndarray:
+    """A numpy array of an OrtValue; bfloat16 / float8 as their ml_dtypes types (a copy of the bytes)."""
+    if value.data_type() not in _NO_NUMPY_TYPE:
+        return value.numpy()
+    code = getattr(onnx.TensorProto, value.data_type()[len("tensor("):-1].upper())
+    raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+    return np.frombuffer(bytearray(raw), dtype=onnx.helper.tensor_dtype_to_np_dtype(code)).reshape(value.shape())
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class ReferenceRuntime:
+    """``onnx.reference.ReferenceEvaluator``: slow, pure numpy, the ONNX specification's own reading."""
+
+    name = "onnx.reference"
+
+    def compile(self, model: onnx.ModelProto) -> Compiled:
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(model)
+
+        def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+            results = evaluator.run(outputs, feeds)
+            return [np.asarray(r) if not isinstance(r, (list, np.ndarray)) else r for r in results]
+
+        return run
+
+
+RUNTIMES = {
+    "onnxruntime": OnnxruntimeRuntime,
+    "ort": OnnxruntimeRuntime,
+    "onnx.reference": ReferenceRuntime,
+    "reference": ReferenceRuntime,
+}
+
+
+_SHARED: dict = {}
+
+
+def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False, threads: int = 1) -> Runtime:
+    """A runtime by name (``onnxruntime``, ``onnx.reference``) or a ``Runtime`` object as is.
+
+    With ``cuda=True`` onnxruntime uses its CUDA provider when the installed build has it;
+    ``threads``: onnxruntime's threads per session (0: one per core).
+    """
+    if isinstance(runtime, str):
+        try:
+            cls = RUNTIMES[runtime]
+        except KeyError:
+            raise InputError(f"unknown runtime {runtime!r}; choose one of {sorted(set(RUNTIMES))} "
+                             "or pass an object with .name and .compile(model)") from None
+        ort = cls is OnnxruntimeRuntime
+        key = (cls, cuda and ort, threads if ort else None)
+        if key not in _SHARED:  # one instance per kind: compiled sessions are cached per instance
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if key[1] else None
+            _SHARED[key] = OnnxruntimeRuntime(providers, threads) if ort else cls()
+        return _SHARED[key]
+    if isinstance(runtime, Runtime):
+        return runtime
+    raise InputError(f"runtime must be a name or an object with .name and .compile(model), not {type(runtime).__name__}")

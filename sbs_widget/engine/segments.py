@@ -1,0 +1,259 @@
+"""Cutting the ONNX graph into segments run one after the other.
+
+One session with every intermediate as an output is the fastest way to get them all, but it holds
+them all at once (56x the live set on an 8-layer LLaMA, field notes). A few segments, each exposing
+only what is compared or needed later, keep the speed and bound the memory: values are freed as soon
+as they are compared and no later segment reads them. Resets cut a segment right after the producer
+of the reset value so that downstream nodes read the torch value fed in its place.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from sbs_widget.load.onnx_index import OnnxIndex
+
+# Initializers up to this many elements are copied into segment models (shapes, axes, scalars);
+# bigger ones are fed as inputs, so that weights are never copied per segment.
+SMALL_INITIALIZER = 256
+
+# A feed named TRANSPOSED + x is the transpose of input x (a weight the optimizer stored transposed,
+# fed from the torch parameter's memory): the segment transposes it itself, so the copy lives from
+# just before its first reader to its last (onnxruntime frees it then), not through the whole segment.
+TRANSPOSED = "sbs_transposed::"
+
+_NUMPY_TO_ONNX = {np.dtype(k): v for k, v in {
+    np.float32: 1, np.uint8: 2, np.int8: 3, np.uint16: 4, np.int16: 5, np.int32: 6, np.int64: 7,
+    np.bool_: 9, np.float16: 10, np.float64: 11, np.uint32: 12, np.uint64: 13, np.complex64: 14,
+    np.complex128: 15}.items()}
+
+
+def numpy_elem_type(array) -> int:
+    dt = getattr(array, "dtype", None)
+    if dt is None:
+        return 0
+    code = _NUMPY_TO_ONNX.get(dt)
+    if code is not None:
+        return code
+    try:  # ml_dtypes types (bfloat16, float8), as onnx reads them
+        return onnx.helper.np_dtype_to_tensor_dtype(dt)
+    except (KeyError, ValueError, TypeError):
+        return 0
+
+
+@dataclass
+class Segment:
+    start: int                      # first ONNX node index
+    end: int                        # one past the last
+    inputs: list[str] = field(default_factory=list)         # values read from outside
+    embedded: list[str] = field(default_factory=list)       # small initializers copied in
+    outputs: list[str] = field(default_factory=list)        # values handed back
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.start, self.end)
+
+
+def plan_segments(n_nodes: int, cuts: set[int], node_bytes: list[int], budget: int,
+                  max_nodes: int) -> list[tuple[int, int]]:
+    """Node ranges in graph order. A segment ends when the values it hands back would exceed
+    ``budget`` bytes (they are alive at once), after ``max_nodes`` nodes, and after each node in
+    ``cuts`` (the producers of reset values)."""
+    edges = [0]
+    acc = count = 0
+    for i in range(n_nodes):
+        acc += node_bytes[i]
+        count += 1
+        if i in cuts or acc >= budget or count >= max_nodes:
+            edges.append(i + 1)
+            acc = count = 0
+    if edges[-1] != n_nodes:
+        edges.append(n_nodes)
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
+                     last_reader: dict[str, int]) -> Segment:
+    """Inputs, embedded initializers and outputs of nodes ``[start, end)``.
+
+    ``wanted``: values to hand back even if nothing later reads them (compared values).
+    ``last_reader``: value -> index of the last node reading it (graph outputs count as len(nodes)).
+    """
+    seg = Segment(start, end)
+    produced_here: set[str] = set()
+    seen: set[str] = set()
+    initializers, numel = index.initializers, index.initializer_numel
+    node_inputs, node_outputs = index.node_inputs, index.node_outputs
+    for i in range(start, end):
+        for x in node_inputs[i]:
+            if x in produced_here or x in seen:
+                continue
+            seen.add(x)
+            if x in initializers and numel(x) <= SMALL_INITIALIZER:
+                seg.embedded.append(x)
+            else:
+                seg.inputs.append(x)
+        produced_here.update(node_outputs[i])
+    for i in range(start, end):
+        for o in node_outputs[i]:
+            if o and (o in wanted or last_reader.get(o, -1) >= end):
+                seg.outputs.append(o)
+    return seg
+
+
+def segment_model(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) -> onnx.ModelProto:
+    """A standalone model computing ``seg.outputs`` from ``seg.inputs`` (typed by the actual feeds)."""
+    return onnx.ModelProto.FromString(segment_bytes(index, seg, feed_types))
+
+
+def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) -> bytes:
+    """``segment_model`` serialized, built from bytes: the nodes were serialized once for the whole
+    model (``SerializedNodes``), a segment joins a slice of them. Building protobuf messages per
+    segment held the GIL for ~10 ms a model while the main thread ran the comparison."""
+    inputs, transposes = [], []
+    for x in seg.inputs:
+        if x in feed_types:
+            inputs.append(helper.make_tensor_value_info(x, feed_types[x], None))
+        else:
+            source = TRANSPOSED + x
+            inputs.append(helper.make_tensor_value_info(source, feed_types[source], None))
+            transposes.append(helper.make_node("Transpose", [source], [x], perm=[1, 0]))
+    shell = onnx.GraphProto(
+        name=f"segment_{seg.start}_{seg.end}",
+        node=transposes,  # first in the file; onnxruntime runs each just before its first reader
+        input=inputs,
+        initializer=[index.initializers[x] for x in seg.embedded],
+    )
+    nodes = _serialized_nodes(index)
+    # A message field given twice is merged by protobuf parsers (repeated fields concatenate): the
+    # graph is the shell (inputs, initializers), the outputs' records, then the nodes' records.
+    records = nodes.output_records
+    outputs = b"".join([records.get(o) or _output_record(index, o, records) for o in seg.outputs])
+    graph = shell.SerializeToString() + outputs + nodes.records(seg.start, seg.end)
+    return nodes.model_head + _length_delimited(_MODEL_GRAPH_FIELD, graph)
+
+
+def _output_record(index: OnnxIndex, name: str, cache: dict[str, bytes]) -> bytes:
+    """A ``GraphProto.output`` record: a ValueInfoProto naming the value and its element type (shape
+    left to the runtime), written directly (building the message costs more, for every output of
+    every segment)."""
+    vt = index.types.get(name)
+    code = vt.elem_type if vt is not None else 0
+    typed = _TYPE_FIELDS.get(code)
+    if typed is None:
+        # ValueInfoProto.type { TypeProto.tensor_type { elem_type } }
+        typed = _TYPE_FIELDS[code] = _length_delimited(2, _length_delimited(1, b"\x08" + _varint(code))) \
+            if code else b""
+    encoded = name.encode()
+    info = b"\x0a" + _varint(len(encoded)) + encoded + typed  # ValueInfoProto.name, then the type
+    record = cache[name] = _OUTPUT_TAG + _varint(len(info)) + info
+    return record
+
+
+_OUTPUT_TAG = bytes([(12 << 3) | 2])  # GraphProto.output
+_TYPE_FIELDS: dict[int, bytes] = {}
+
+
+_MODEL_GRAPH_FIELD = 7   # ModelProto.graph
+_GRAPH_NODE_FIELD = 1    # GraphProto.node
+
+
+class SerializedNodes:
+    """Every node of a model serialized once, without metadata (stack traces, scopes: most of a
+    node's bytes, and kept by the runtime if given), as the records of a GraphProto's ``node`` field,
+    plus the model fields every segment repeats (IR version, opsets, local functions)."""
+
+    CHUNK = 128  # nodes copied at a time: their metadata is copied before it is cleared
+
+    def __init__(self, model: onnx.ModelProto):
+        nodes = model.graph.node
+        parts = []
+        for start in range(0, len(nodes), self.CHUNK):
+            graph = onnx.GraphProto()
+            graph.node.extend(nodes[start:start + self.CHUNK])
+            for node in graph.node:
+                node.ClearField("metadata_props")
+                node.ClearField("doc_string")
+            parts.append(graph.SerializeToString())
+        self.data = b"".join(parts)
+        # Only field 1 is set: the bytes are (tag, length, NodeProto) records, one per node, in order.
+        offsets = [0]
+        data, pos, end = self.data, 0, len(self.data)
+        tag = (_GRAPH_NODE_FIELD << 3) | 2
+        while pos < end:
+            if data[pos] != tag:
+                raise ValueError("unexpected field in a serialized GraphProto")
+            length, pos = _read_varint(data, pos + 1)
+            pos += length
+            offsets.append(pos)
+        self.offsets = offsets
+        head = onnx.ModelProto(ir_version=model.ir_version, opset_import=list(model.opset_import),
+                               functions=list(model.functions))
+        self.model_head = head.SerializeToString()
+        self.output_records: dict[str, bytes] = {}  # value -> its GraphProto.output record
+
+    def records(self, start: int, end: int) -> bytes:
+        return self.data[self.offsets[start]:self.offsets[end]]
+
+
+_SERIALIZED_LOCK = threading.Lock()
+
+
+def _serialized_nodes(index: OnnxIndex) -> SerializedNodes:
+    """Built once per index, by whichever thread first builds a segment."""
+    nodes = index.__dict__.get("_serialized_nodes")
+    if nodes is None:
+        with _SERIALIZED_LOCK:
+            nodes = index.__dict__.get("_serialized_nodes")
+            if nodes is None:
+                nodes = index.__dict__["_serialized_nodes"] = SerializedNodes(index.model)
+    return nodes
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([n]) for n in range(0x80)]
+
+
+def _length_delimited(field_number: int, payload: bytes) -> bytes:
+    return bytes([(field_number << 3) | 2]) + _varint(len(payload)) + payload
+
+
+def _output_info(index: OnnxIndex, name: str) -> onnx.ValueInfoProto:
+    vt = index.types.get(name)
+    if vt is not None and vt.elem_type:
+        return helper.make_tensor_value_info(name, vt.elem_type, None)
+    vi = onnx.ValueInfoProto()
+    vi.name = name
+    return vi
+
+
+def _wrap(src: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=list(src.opset_import), functions=list(src.functions))
+    model.ir_version = src.ir_version
+    return model

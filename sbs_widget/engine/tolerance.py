@@ -1,0 +1,119 @@
+"""The default tolerance of a comparison: it follows the precision the program computes in.
+
+A float16 program and its ONNX export differ by rounding alone far beyond 1e-4 (the float32 default),
+and more as the model grows: on the zoo's models cast to float16 (LLaMA, GPT-2, BERT, ViT, MLP, ConvNet,
+ResNet; optimize False and True) the largest |diff| of a correct export is 8.7e-3 and 1e-4 flags 3 to
+120 pairs per model; on an 8-layer LLaMA of hidden size 256 the largest is 1.8e-2 (4 pairs beyond 1e-2,
+none beyond 2e-2). Deeper and wider float16 models accumulate more: pass ``atol``/``rtol`` for them. A
+tolerance given is always used as is.
+
+>>> import torch
+>>> tolerance_for(torch.float32), tolerance_for(torch.float16), tolerance_for(torch.bfloat16)
+(0.0001, 0.03, 0.24)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from sbs_widget.errors import InputError
+
+DEFAULT_ATOL = 1e-4  # float32 and float64 programs
+DEFAULT_RTOL = 1e-4
+FLOAT16_TOLERANCE = 3e-2  # 0 false alarms on the models above, 1.7x their largest |diff|
+# bfloat16 keeps 8x fewer mantissa bits than float16. onnxruntime's CPU provider has too few bfloat16
+# kernels to measure it here: float16's tolerance scaled by the ratio of their epsilons.
+BFLOAT16_TOLERANCE = FLOAT16_TOLERANCE * torch.finfo(torch.bfloat16).eps / torch.finfo(torch.float16).eps
+
+
+def tolerance_for(dtype: torch.dtype | None) -> float:
+    """atol = rtol for a program whose least precise floating type is ``dtype``."""
+    if dtype is None or not dtype.is_floating_point:
+        return DEFAULT_ATOL
+    eps = torch.finfo(dtype).eps
+    if eps <= torch.finfo(torch.float32).eps:
+        return DEFAULT_ATOL
+    return FLOAT16_TOLERANCE if eps <= torch.finfo(torch.float16).eps else BFLOAT16_TOLERANCE
+
+
+def valid_tolerance(name: str, value) -> float:
+    """``value`` as a float when it is a tolerance: a finite real number >= 0. Anything else raises
+    ``InputError``: NaN makes every ``|diff| <= tol`` false in numpy but true in other tests (the
+    paths would disagree), inf and negatives pass or fail everything, a bool is a slip.
+
+    >>> valid_tolerance("atol", 1e-3)
+    0.001
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise InputError(f"{name}={value!r} is not a tolerance: pass a finite number >= 0 (e.g. {name}=1e-4), "
+                         f"or None for the default of the program's precision")
+    return float(value)
+
+
+def checked(atol, rtol) -> tuple[float | None, float | None]:
+    """``(atol, rtol)`` validated (``valid_tolerance``), ``None`` kept: every entry point (API, widget,
+    CLI, culprits, dumps) goes through here, through ``resolve``."""
+    return (None if atol is None else valid_tolerance("atol", atol),
+            None if rtol is None else valid_tolerance("rtol", rtol))
+
+
+def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> tuple[float, float]:
+    """``(atol, rtol)``: each one given as is (validated), each ``None`` the default for ``dtype``."""
+    atol, rtol = checked(atol, rtol)
+    default = tolerance_for(dtype)
+    return (default if atol is None else atol), (default if rtol is None else rtol)
+
+
+def cli_tolerance(text: str) -> float:
+    """argparse ``type=`` of ``--atol``/``--rtol``: a bad value stops the command before any work,
+    with argparse's usage line and this message."""
+    import argparse
+
+    try:
+        return valid_tolerance("tolerance", float(text))
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tolerance: pass a finite number >= 0, e.g. 1e-4") \
+            from None
+
+
+def least_precise(dtypes) -> torch.dtype | None:
+    """The floating type with the largest epsilon among ``dtypes``; None when there is none."""
+    floats = [d for d in set(dtypes) if isinstance(d, torch.dtype) and d.is_floating_point]
+    return max(floats, key=lambda d: torch.finfo(d).eps, default=None)
+
+
+def least_precise_float(values) -> torch.dtype | None:
+    """``least_precise`` of the dtypes of the tensors in ``values`` (nested in lists, tuples and dicts).
+    A program's precision is that of all its values (weights, inputs and every intermediate): an
+    upcast at the end (``logits.float()``) does not undo a float16 body; ``Alignment.fx_dtypes`` holds
+    them."""
+    dtypes = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(getattr(v, "dtype", None), torch.dtype):
+            dtypes.add(v.dtype)
+    return least_precise(dtypes)
+
+
+def describe(atol: float, rtol: float, dtype: torch.dtype | None, defaults: tuple[bool, bool]) -> str:
+    """One line for summaries: the tolerance, and why for the ones that are defaults.
+
+    >>> describe(1e-3, 3e-2, torch.float16, (False, True))
+    'tolerance: atol=0.001, rtol=0.03 (rtol: the default for a program computing in float16)'
+    """
+    text = f"tolerance: atol={atol:g}, rtol={rtol:g}"
+    which = [name for name, default in zip(("atol", "rtol"), defaults) if default]
+    if which:
+        what = "both" if len(which) == 2 else which[0]
+        program = f"a program computing in {str(dtype).removeprefix('torch.')}" if dtype is not None else \
+            "a program without floating values"
+        text += f" ({what}: the default for {program})"
+    return text

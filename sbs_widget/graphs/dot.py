@@ -1,0 +1,230 @@
+"""Graphviz views of both sides of a comparison: the FX program and the ONNX model, nodes painted by error.
+
+>>> import torch, sbs_widget
+>>> model, inputs = sbs_widget.dummy_llm()
+>>> onnx_program = torch.onnx.export(model, inputs, dynamo=True)          # doctest: +SKIP
+>>> sbs_widget.fx_graph(onnx_program.exported_program).render("fx", format="svg")  # doctest: +SKIP
+
+Spec ids are ``fx:<fx node name>`` and ``onnx:<onnx node name>`` (see ``graphs_spec``); in the DOT a node
+is ``n<index into spec.nodes>`` and a module cluster ``cluster_<index into spec.clusters>``: names from a
+model may be 100k characters long or hold NULs, and never become DOT ids. Labels are shortened with
+hidden characters escaped (``graphs_spec.label_text``); the tooltip holds the full name. The widget lays
+these graphs out in the browser (``js/graphs/``); ``dot_sources`` gives it the DOT plus the structure it
+needs to collapse clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Iterable
+
+import graphviz
+
+from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
+from sbs_widget.records import ERROR, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
+
+__all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
+
+# Log scale shared with js/graphs/colors.js: |err| <= 1e-7 is green, >= 1 red, yellow in between.
+_LOG_LO, _LOG_HI = -7.0, 0.0
+_STOPS = ((0x1a, 0x98, 0x50), (0xfe, 0xe0, 0x8b), (0xd7, 0x30, 0x27))
+_LIGHT = 0.55  # mix with white so that black labels stay readable
+NOT_COMPARED = "#ffffff"
+ONE_SIDED_FILL = "#e8e8e8"
+ERROR_FILL, ERROR_LINE = "#c2a5cf", "#7b3294"
+RESET_LINE = "#1f5fbf"
+# Worst first: the status a node shows when its records disagree.
+_SEVERITY = {ERROR: 4, MISMATCH: 3, RESET: 2, OK: 1, ONE_SIDED: 0}
+SPEC_MARKER = "sbs-graph-spec "
+BROADCAST = 6  # a node read by this many others is drawn as stubs (same rule as js/graphs/model.js)
+
+
+def error_color(err: float | None) -> str:
+    """Fill color of an absolute error on the log scale of the table (``None``: nothing compared).
+
+    >>> error_color(0.0), error_color(1e-4), error_color(1.0)
+    ('#81c69f', '#ede8bb', '#e98d88')
+    """
+    if err is None or (isinstance(err, float) and math.isnan(err)):
+        return NOT_COMPARED
+    t = 1.0 if math.isinf(err) else (math.log10(max(err, 1e-30)) - _LOG_LO) / (_LOG_HI - _LOG_LO)
+    t = min(max(t, 0.0), 1.0) * (len(_STOPS) - 1)
+    i = min(int(t), len(_STOPS) - 2)
+    a, b, f = _STOPS[i], _STOPS[i + 1], t - i
+    rgb = [round(255 - (255 - (x + (y - x) * f)) * _LIGHT) for x, y in zip(a, b)]
+    return "#%02x%02x%02x" % tuple(rgb)
+
+
+def fx_graph(ep, records: Iterable[Record] | None = None) -> graphviz.Digraph:
+    """The FX graph of ``ep`` (ExportedProgram, ONNXProgram or .pt2 path) as a ``graphviz.Digraph``.
+
+    Give the *decomposed* program (``onnx_program.exported_program``): records name its nodes.
+    """
+    records = list(records or ())
+    spec = fx_spec(ep, failed_weights(records)[0])
+    return _digraph(spec, _paint(spec, records))
+
+
+def onnx_graph(onx, records: Iterable[Record] | None = None) -> graphviz.Digraph:
+    """The ONNX graph of ``onx`` (ModelProto, ONNXProgram or .onnx path) as a ``graphviz.Digraph``."""
+    records = list(records or ())
+    spec = onnx_spec(onx, failed_weights(records)[1])
+    return _digraph(spec, _paint(spec, records))
+
+
+def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str, str]:
+    """``(fx_dot, onnx_dot)`` for the widget: ``prepared`` is ``engine.prepare(...)``'s result or ``(ep, onx)``.
+
+    Each DOT starts with a ``// sbs-graph-spec {json}`` comment holding the graph structure, so the
+    browser can collapse and expand clusters without parsing DOT; any Graphviz still renders the file.
+    """
+    if isinstance(prepared, tuple):
+        ep, onx = prepared
+    else:
+        ep, onx = prepared.decomposed_ep, prepared.onnx_model
+    records = list(records or ())
+    fx_weights, onnx_weights = failed_weights(records)
+    out = []
+    for spec in (fx_spec(ep, fx_weights), onnx_spec(onx, onnx_weights)):
+        header = SPEC_MARKER + json.dumps(spec.to_json(), separators=(",", ":"))  # ASCII: no newline inside
+        out.append(_digraph(spec, _paint(spec, records), comment=header).source)
+    return out[0], out[1]
+
+
+def failed_weights(records: list[Record]) -> tuple[set[str], set[str]]:
+    """FX placeholders and ONNX initializers whose comparison failed: the weights worth a box."""
+    bad = [r for r in records if r.kind == KIND_WEIGHT and r.status in (MISMATCH, ERROR)]
+    return {r.ep_name for r in bad if r.ep_name}, {r.onnx_name for r in bad if r.onnx_name}
+
+
+def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
+    if not records:
+        return {}
+    by_name = {n["name"]: n["id"] for n in spec.nodes}
+    by_value = {v: n["id"] for n in spec.nodes for v in n.get("outputs", ())}
+    paint: dict[str, tuple[float | None, str]] = {}
+    for r in records:
+        if spec.side == "fx":
+            node_id = by_name.get(r.ep_name) if r.ep_name else None
+        else:
+            node_id = by_name.get(r.onnx_node_name) or by_value.get(r.onnx_name)
+        if node_id is None:
+            continue
+        err, status = paint.get(node_id, (None, ONE_SIDED))
+        if r.err_abs is not None and (err is None or r.err_abs > err or math.isnan(r.err_abs)):
+            err = r.err_abs
+        if _SEVERITY.get(r.status, 0) > _SEVERITY.get(status, 0):
+            status = r.status
+        paint[node_id] = (err, status)
+    return paint
+
+
+def _node_style(err: float | None, status: str | None) -> dict[str, str]:
+    if status is None:
+        return {"fillcolor": NOT_COMPARED}
+    if status == ERROR:
+        return {"fillcolor": ERROR_FILL, "color": ERROR_LINE, "penwidth": "3"}
+    if status == ONE_SIDED and err is None:
+        return {"fillcolor": ONE_SIDED_FILL, "style": "filled,dashed"}
+    style = {"fillcolor": error_color(err)}
+    if status == RESET:
+        style.update(color=RESET_LINE, penwidth="3", peripheries="2")
+    return style
+
+
+def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphviz.Digraph:
+    g = graphviz.Digraph(name=spec.side, comment=comment)
+    # newrank: rank across clusters; without it dot ranks each module on its own and a model-level
+    # mask feeding every layer puts all decoder layers side by side.
+    g.attr(newrank="true", rankdir="TB", fontname="Helvetica", fontsize="10", nodesep="0.15", ranksep="0.3")
+    g.attr("node", shape="box", style="filled,rounded", fontname="Helvetica", fontsize="9", height="0.3",
+           fillcolor=NOT_COMPARED)
+    g.attr("edge", arrowsize="0.5", color="#777777")
+    children: dict[int, list[int]] = {}
+    for i, c in enumerate(spec.clusters):
+        children.setdefault(c["parent"], []).append(i)
+    members: dict[int, list[int]] = {}
+    for i, n in enumerate(spec.nodes):
+        members.setdefault(n["cluster"], []).append(i)
+    worst = _cluster_worst(spec, paint, children, members)
+    lines: list[str] = []
+    # Depth first with an explicit stack (no recursion on a hostile module depth): "open" writes a
+    # cluster's head and queues its sub-clusters, then its members and closing brace.
+    todo: list[tuple[str, int, int]] = [("members", -1, 1), ("children", -1, 1)]
+    while todo:
+        what, c, depth = todo.pop()
+        indent = "\t" * depth
+        if what == "close":
+            lines.append(f"{indent}}}")
+        elif what == "children":
+            todo.extend(("open", k, depth) for k in reversed(children.get(c, ())))
+        elif what == "members":
+            for i in members.get(c, ()):
+                n = spec.nodes[i]
+                attrs = {"label": n["label"], "tooltip": tooltip(n), **_node_style(*paint.get(n["id"], (None, None)))}
+                if n["kind"] != "node":
+                    attrs["shape"] = "cylinder" if n["kind"] == "weight" else "ellipse"
+                lines.append(f"{indent}n{i} [{_attrs(attrs)}]")
+        else:
+            path = spec.clusters[c]["path"]
+            color = error_color(worst[c]) if worst.get(c) is not None else "#999999"
+            parent = spec.clusters[c]["parent"]
+            label = path.removeprefix(spec.clusters[parent]["path"] + ".") if parent >= 0 else path
+            lines.append(f"{indent}subgraph cluster_{c} {{")
+            lines.append(f"{indent}\tlabel={quote(label_text(label))} tooltip={quote(visible(path))} style=rounded "
+                         f"color={quote(color)} penwidth=2")
+            todo += [("close", c, depth), ("members", c, depth + 1), ("children", c, depth + 1)]
+    readers: dict[int, list[int]] = {}
+    for a, b in dict.fromkeys(spec.edges):
+        readers.setdefault(a, []).append(b)
+    for a, targets in readers.items():
+        if len(targets) < BROADCAST:
+            lines.extend(f"\tn{a} -> n{b}" for b in targets)
+            continue
+        # A value read everywhere (attention mask, rotary tables) gets a stub next to each reader:
+        # long edges into every layer make dot's crossing minimisation several times slower.
+        for k, b in enumerate(targets):
+            stub = f"s{a}_{k}"
+            lines.append(f"\t{stub} [label={quote(label_text(spec.nodes[a]['name']))} "
+                         f"tooltip={quote(tooltip(spec.nodes[a]))} shape=cds fillcolor=\"#f0f0f0\" fontsize=7 height=0.2]")
+            lines.append(f"\t{stub} -> n{b}")
+    g.body.extend(line + "\n" for line in lines)
+    return g
+
+
+def _cluster_worst(spec: GraphSpec, paint: dict, children: dict, members: dict) -> dict[int, float | None]:
+    worst: dict[int, float | None] = {}
+    # Parents precede children in spec.clusters, so walking backwards sees every child first.
+    for c in range(len(spec.clusters) - 1, -1, -1):
+        errs = [paint[spec.nodes[i]["id"]][0] for i in members.get(c, ()) if spec.nodes[i]["id"] in paint]
+        errs += [worst[k] for k in children.get(c, ())]
+        errs = [e for e in errs if e is not None]
+        worst[c] = max(errs) if errs else None
+    return worst
+
+
+def quote(text: str) -> str:
+    r"""A DOT double-quoted string showing ``text`` literally.
+
+    Backslashes are doubled so that Graphviz escapes (``\N``, ``\l``) in model names stay text; quotes
+    are escaped; a newline becomes a centered line break; NULs, other control characters and bidi controls
+    become visible escapes (``\x00``, ``\u202e``): Graphviz reads a NUL as the end of its input. Graphviz
+    XML-escapes ``<`` and ``&`` in SVG, so ``<img onerror=...>`` is drawn as text. Never returns an
+    HTML-like ``<...>`` label.
+
+    >>> print(quote('a"b\\N\x00'))
+    "a\"b\\N\\x00"
+    """
+    lines = (visible(part).replace("\\", "\\\\").replace('"', '\\"') for part in str(text).split("\n"))
+    return '"' + "\\n".join(lines) + '"'
+
+
+def tooltip(node: dict) -> str:
+    """Hover text of a node: its full name (never shortened) and op, hidden characters escaped."""
+    name = visible(node["name"])
+    return f"{name}\n{visible(node['op'])}" if node.get("kind") in ("node", "weight") and node.get("op") else name
+
+
+def _attrs(attrs: dict[str, str]) -> str:
+    return " ".join(f"{k}={quote(v)}" for k, v in attrs.items())

@@ -1,0 +1,108 @@
+"""A comparison as one offline HTML page: the widget's own view, bundle and data inlined.
+
+The page needs no kernel, no network and no other file: the ESM bundle is embedded (base64, so no
+``</script>`` inside it can end the tag) and imported from a blob URL; rows ride in a JSON script
+element with ``<``, ``>`` and ``&`` escaped, so model strings can neither close the element nor
+become markup. The view renders every string with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import pathlib
+
+from sbs_widget.views.rows import ROW_COLUMNS
+
+_BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
+_STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
+               "rtol", "reset_names", "fx_dot", "onnx_dot")
+
+_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+  body {{ margin: 16px; background: #fff; }}
+  @media (prefers-color-scheme: dark) {{
+    body {{ background: #111; }}
+    :root {{ --jp-ui-font-color1: #e6e6e6; --jp-ui-font-color2: #a0a0a0; --jp-layout-color1: #111;
+             --jp-layout-color2: #222; --jp-border-color2: #444; }}
+  }}
+</style>
+</head>
+<body>
+<div id="sbs-report"><noscript>This report needs JavaScript.</noscript></div>
+<script type="application/json" id="sbs-data">{data}</script>
+<script type="text/plain" id="sbs-bundle">{bundle}</script>
+<script type="module">
+const text = (id) => document.getElementById(id).textContent.trim();
+const code = Uint8Array.from(atob(text("sbs-bundle")), (c) => c.charCodeAt(0));
+let mod;
+try {{
+  mod = await import(URL.createObjectURL(new Blob([code], {{ type: "text/javascript" }})));
+}} catch (err) {{  // some file:// setups refuse blob modules; a data URL is equivalent
+  mod = await import("data:text/javascript;base64," + text("sbs-bundle"));
+}}
+mod.renderStatic(document.getElementById("sbs-report"), JSON.parse(text("sbs-data")));
+</script>
+</body>
+</html>
+"""
+
+
+def _script_json(value) -> str:
+    # JSON that is safe inside <script>: no "<", ">", "&" or JS line separators left literal.
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def report_data(widget) -> dict:
+    """``{"state", "runs"}``: what the page's static model serves (every run, its rows as arrays)."""
+    from sbs_widget.views.rows import encode_rows
+
+    state = widget.get_state()
+    data_state = {k: state[k] for k in _STATE_KEYS}
+    data_state["columns"] = list(ROW_COLUMNS)
+    runs = {str(run.id): json.loads(encode_rows(run.records)) for run in widget.runs}
+    return {"state": data_state, "runs": runs}
+
+
+def write_html_report(records, path, *, title: str = "sbs_widget report", atol: float | None = None,
+                      rtol: float | None = None) -> pathlib.Path:
+    """Write ``records`` (a list of ``Record`` or an ``SbsWidget``) as a self-contained HTML page.
+
+    >>> import sbs_widget, tempfile, os
+    >>> from sbs_widget.views.report import write_html_report
+    >>> p = write_html_report([sbs_widget.Record(ep_name="x", err_abs=1e-3)], os.path.join(tempfile.mkdtemp(), "r.html"))
+    >>> p.stat().st_size > 10_000
+    True
+    """
+    from sbs_widget.views.widget import SbsWidget
+
+    if isinstance(records, SbsWidget):
+        widget = records
+        if atol is not None or rtol is not None:
+            widget = SbsWidget.from_records(widget.records, atol=atol if atol is not None else widget.atol,
+                                            rtol=rtol if rtol is not None else widget.rtol, title=title)
+    else:
+        widget = SbsWidget.from_records(list(records), atol=1e-4 if atol is None else atol,
+                                        rtol=1e-4 if rtol is None else rtol, title=title)
+    data = report_data(widget)
+    data["state"]["title"] = title
+    page = _PAGE.format(
+        title=html.escape(title),
+        data=_script_json(data),
+        bundle=base64.b64encode(_BUNDLE.read_bytes()).decode("ascii"),
+    )
+    path = pathlib.Path(path)
+    from sbs_widget.views.safe_text import atomic_path
+
+    with atomic_path(path) as tmp:  # a failed write leaves no half page
+        pathlib.Path(tmp).write_text(page, encoding="utf-8")
+    return path

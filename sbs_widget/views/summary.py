@@ -1,0 +1,162 @@
+"""What a run amounts to: pairs compared, coverage of the user's program, worst pair, first pair
+beyond tolerance. Used by the CLI, the benchmarks and the widget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sbs_widget import records as R
+from sbs_widget.engine.fx_runner import dead_nodes
+from sbs_widget.records import Record
+from sbs_widget.views.safe_text import clipped, visible
+
+_COMPARED = (R.OK, R.MISMATCH, R.RESET)
+
+
+@dataclass
+class Summary:
+    n_records: int = 0
+    n_compared: int = 0
+    by_status: dict = field(default_factory=dict)
+    coverage: float | None = None          # share of the user program's nodes compared
+    covered: int = 0
+    coverable: int = 0
+    uncovered: list = field(default_factory=list)
+    folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
+    fused: int = 0                         # uncovered because fused into a rewritten node: absent too
+                                           # (taken in whole, or its end: ``Alignment.absorbed``; or empty)
+    worst: Record | None = None
+    first_beyond: Record | None = None
+    no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
+    notes: list = field(default_factory=list)      # what limits the comparison (Prepared.notes)
+
+    @property
+    def coverage_of_present(self) -> float | None:
+        """Coverage of the nodes whose value exists in the ONNX graph (neither constant-folded nor
+        fused into a node the optimizer rewrote)."""
+        denominator = self.coverable - self.folded - self.fused
+        return self.covered / denominator if denominator > 0 else None
+
+    def lines(self) -> list[str]:
+        """The summary as printable lines (control and bidi characters in names shown escaped)."""
+        out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
+               f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
+        if self.coverage is not None:
+            out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
+                       f"call_function nodes ({self.covered}); {self.folded} more were constant-folded and "
+                       f"{self.fused} fused into other nodes or dropped (empty) by the ONNX optimizer (no ONNX "
+                       "value to compare)")
+        if self.worst is not None:
+            w = self.worst
+            out.append(f"worst pair: {_n(w.ep_name)} / {_n(w.onnx_name)} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
+        if self.first_beyond is not None:
+            f = self.first_beyond
+            out.append(f"first pair beyond tolerance: {_n(f.ep_name)} / {_n(f.onnx_name)} ({f.onnx_op_type}, "
+                       f"module {_n(f.module) or '-'}) err_abs={f.err_abs:.3g}"
+                       + (f", beyond tolerance at {f.err_where}" if f.err_where else ""))
+        else:
+            out.append("no pair beyond tolerance")
+        if self.no_kernel:
+            ops = ", ".join(f"{op} ({n})" for op, n in sorted(self.no_kernel.items(), key=lambda kv: -kv[1]))
+            out.append(f"the runtime has no kernel for {sum(self.no_kernel.values())} node(s): {ops}; their "
+                       "downstream nodes read the torch values. onnxruntime's CPU provider lacks most "
+                       "bfloat16 kernels: compare on CUDA inputs or with runtime 'onnx.reference' "
+                       "(CLI: --runtime onnx.reference)")
+        out.extend(f"note: {n}" for n in self.notes)
+        return [visible(line) for line in out]  # lines for a terminal: names may hold ESC or bidi codes
+
+
+def _n(name) -> str:
+    # a name in a terminal line: a 100k-character one would bury the summary
+    return clipped(name) if isinstance(name, str) else str(name)
+
+
+def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
+    """call_function nodes whose value is a tensor or a number and reaches an output (tuple-valued
+    nodes are covered through their getitem nodes). A dead node, one no output depends on (an
+    LSTM's unused final states), is left out: the exporter writes no ONNX node for it."""
+    from sbs_widget.align.pairs import is_scalar
+
+    dead = dead_nodes(program.graph)
+    out = []
+    for n in program.graph.nodes:
+        if n.op != "call_function" or n.name in dead:
+            continue
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) or is_scalar(val):
+            out.append(n.name)
+    return out
+
+
+def summarize(records: list[Record], prepared=None) -> Summary:
+    s = Summary(n_records=len(records))
+    for r in records:
+        s.by_status[r.status] = s.by_status.get(r.status, 0) + 1
+        if r.status in _COMPARED and r.err_abs is not None:
+            s.n_compared += 1
+            if s.worst is None or r.err_abs > (s.worst.err_abs or 0):
+                s.worst = r
+            if r.status == R.MISMATCH and s.first_beyond is None:
+                s.first_beyond = r
+        elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
+            s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
+    if prepared is not None:
+        s.notes = list(prepared.notes)
+        s.covered, s.coverable, s.uncovered = coverage(records, prepared)
+        s.coverage = s.covered / s.coverable if s.coverable else None
+        folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}
+        folded_into = prepared.index.folded_into()
+        folded_fx |= {w.placeholder for w in prepared.alignment.weights if w.onnx_name is None and w.key in folded_into}
+        al = prepared.alignment
+        # (an empty value, a no-op on an input: nothing to compare)
+        fused_fx = al.fused_into.keys() | al.absorbed.keys() | al.empty | al.of_input.keys()
+        holder = value_holder(prepared)
+        for n in s.uncovered:
+            held_by = holder(n)
+            if n in folded_fx or held_by in folded_fx:
+                s.folded += 1
+            elif n in fused_fx or held_by in fused_fx:
+                s.fused += 1
+    return s
+
+
+def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
+    """Covered / coverable nodes of the user's program (the decomposed one when the user handed over
+    the ONNXProgram). A user node is covered when the last decomposed node coming from it, the one that
+    holds its value, was compared. Dead nodes (no path to an output) are not counted."""
+    compared = {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_NODE, R.KIND_OUTPUT)}
+    if prepared.user_ep is not None:
+        compared |= {r.ep_name for r in records if r.status in _COMPARED and r.kind in (R.KIND_INPUT, R.KIND_WEIGHT)}
+    holder = value_holder(prepared)
+    names = coverable_nodes(prepared.user_ep if prepared.user_ep is not None else prepared.decomposed_ep)
+    hit = [n for n in names if holder(n) in compared]
+    return len(hit), len(names), [n for n in names if holder(n) not in compared]
+
+
+def value_holder(prepared):
+    """Function: user program node -> the decomposed node (or placeholder) holding its value; the
+    identity when the user handed over the decomposed program."""
+    if prepared.user_ep is None:
+        return lambda name: name
+    representative: dict[str, str] = {}
+    for info in prepared.alignment.fx_nodes:
+        if info.op == "call_function" and info.is_tensor and info.origin is not None:
+            representative[info.origin] = info.name  # the last one wins: it holds the value
+    user_nodes = {n.name: n for n in prepared.user_ep.graph.nodes}
+    placeholders = {n.name for n in prepared.user_ep.graph.nodes if n.op == "placeholder"}
+
+    def holder(name: str, depth: int = 0) -> str | None:
+        """Decomposition drops no-op nodes (``to`` the same dtype, ``alias``...): their value is
+        their input's."""
+        if name in representative or depth > 50:
+            return representative.get(name)
+        if name in placeholders:
+            return name
+        node = user_nodes.get(name)
+        if node is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        return holder(node.args[0].name, depth + 1)
+
+    return holder

@@ -1,0 +1,332 @@
+"""``SbsWidget``: the live notebook view of a comparison (progress, diff table, reset panel, export).
+
+The comparison runs in a background thread so the cell returns at once. Everything a view needs to
+redraw itself lives in the model: small state in traits, rows served on request (``get_rows``) and
+pushed in batches while a run streams. A view opened later, or after a page reload, asks for the rows
+it lacks; nothing depends on a message sent before it existed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import warnings
+
+import anywidget
+import traitlets
+
+from sbs_widget.engine.cancel import check_time_limit
+from sbs_widget.errors import SbsWidgetWarning
+from sbs_widget.records import to_dataframe
+from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
+from sbs_widget.views.rows import ROW_COLUMNS, compare_runs, encode_rows
+from sbs_widget.views.runs import DONE, FAILED, RUNNING, STOPPED, Run, Runner
+
+_STATIC = pathlib.Path(__file__).parent.parent / "static"
+PAGE_ROWS = 25_000  # most rows per get_rows answer (about 5 MB): a 50,000-row run arrives in a few messages
+
+
+def _names_to_json(value, widget):
+    return sorted(value)
+
+
+def _names_from_json(value, widget):
+    return set(value or ())
+
+
+class SbsWidget(anywidget.AnyWidget):
+    """Compare ``ep`` (torch.export program or .pt2 path) with ``onx`` (ONNX model or path) live.
+
+    ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
+    ``onx=None`` when ``ep`` is a ``torch.onnx.ONNXProgram`` (it holds both sides).
+    ``atol``/``rtol``: ``None`` for the default of the precision the program computes in (1e-4 for
+    float32, 3e-2 for float16), set on the widget once the first run has prepared the program.
+    ``time_limit``: seconds each run may take; past it the run ends with status "error" and a message
+    naming the node it was at (the records so far are kept).
+
+    Example (in a notebook; ``w.wait()`` blocks until the run ends)::
+
+        import torch, sbs_widget
+        model, inputs = sbs_widget.dummy_llm()
+        onnx_program = torch.onnx.export(model, inputs, dynamo=True)
+        w = sbs_widget.SbsWidget(onnx_program.exported_program, onnx_program.model_proto, inputs)
+        w                       # shows the view; the run streams into it
+        w.wait().to_dataframe()  # the records as a DataFrame
+        w.reset_names = {"linear"}; w.rerun()
+    """
+
+    _esm = _STATIC / "widget.js"
+
+    title = traitlets.Unicode("").tag(sync=True)
+    status = traitlets.Unicode("idle").tag(sync=True)  # idle, preparing, running, done, stopped, error
+    message = traitlets.Unicode("").tag(sync=True)  # why the last run failed
+    progress = traitlets.Dict().tag(sync=True)
+    run_id = traitlets.Int(-1).tag(sync=True)  # the latest run, whose rows stream
+    runs_meta = traitlets.List().tag(sync=True)
+    compare = traitlets.Dict().tag(sync=True)  # latest run vs the one before (widget_rows.compare_runs)
+    columns = traitlets.List(list(ROW_COLUMNS)).tag(sync=True)
+    atol = traitlets.Float(1e-4).tag(sync=True)
+    rtol = traitlets.Float(1e-4).tag(sync=True)
+    reset_names = traitlets.Set(traitlets.Unicode()).tag(
+        sync=True, to_json=_names_to_json, from_json=_names_from_json
+    )
+    fx_dot = traitlets.Unicode("").tag(sync=True)
+    onnx_dot = traitlets.Unicode("").tag(sync=True)
+    culprits = traitlets.List().tag(sync=True)  # of the latest finished run: Culprit dicts + "i" (record)
+
+    def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
+                 rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
+                 title: str = "", time_limit: float | None = None, **widget_kwargs):
+        # None: the default for the precision the program computes in, known once it is prepared
+        checked(atol, rtol)  # InputError for a bad one (a str or bool too, which the traits would coerce)
+        self._default_tolerance = (atol is None, rtol is None)
+        self.time_limit = check_time_limit(time_limit)
+        super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
+                         title=title, **widget_kwargs)
+        self._ep, self._onx = ep, onx
+        self._args = inputs if inputs is not None else ()
+        self._kwargs = kwargs
+        self._runtime = runtime
+        self.node_local = node_local
+        self._prepared = None
+        self._prepare_lock = threading.Lock()
+        self._runs: list[Run] = []
+        self._runner: Runner | None = None
+        self._rerun_lock = threading.RLock()  # reruns from several threads start one run at a time
+        self._sent: dict[int, int] = {}  # run id -> rows already pushed to the views
+        self._report_lock = threading.Lock()
+        self.on_msg(self._on_msg)
+        if autostart and ep is not None:
+            self.rerun()
+
+    # --- construction from existing results -------------------------------------------------
+
+    @classmethod
+    def from_records(cls, records, *, atol: float = 1e-4, rtol: float = 1e-4, title: str = "",
+                     reset_names=()) -> "SbsWidget":
+        """A view of records computed elsewhere (a saved run, the CLI); Rerun is not available."""
+        w = cls(autostart=False, atol=atol, rtol=rtol, title=title)
+        run = Run(id=0, reset_names=frozenset(reset_names), atol=atol, rtol=rtol)
+        for r in records:
+            run.add(r)
+        run.status = DONE
+        w._runs.append(run)
+        w.run_id = run.id
+        w._publish(run, final=True)
+        return w
+
+    # --- public API --------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> list[Run]:
+        """Every run so far, oldest first (``runs[-1]`` is the current one)."""
+        return list(self._runs)
+
+    @property
+    def records(self) -> list:
+        """Records of the current run (so far, while it runs)."""
+        return list(self._runs[-1].records) if self._runs else []
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None and not self._runner.ended.is_set()
+
+    def to_dataframe(self, run: int = -1):
+        """Records of run ``run`` (index into ``runs``; default the current one) as a DataFrame."""
+        if not self._runs:
+            return to_dataframe([])
+        n = len(self._runs)
+        if isinstance(run, bool) or not hasattr(run, "__index__") or not -n <= run < n:
+            from sbs_widget.errors import InputError
+
+            raise InputError(f"run={run!r} does not exist: this widget has {n} run(s), give 0 to {n - 1} "
+                             "(or -1, the current one)")
+        return to_dataframe(self._runs[run].records)
+
+    def rerun(self, reset_names=None) -> "SbsWidget":
+        """Start a new run with ``reset_names`` (default: ``self.reset_names``); earlier runs are kept.
+
+        A run in progress is stopped first. Returns at once; ``wait()`` blocks until the run ends.
+        """
+        if self._ep is None:
+            raise RuntimeError("this widget shows saved records; there is nothing to rerun")
+        with self._rerun_lock:
+            if reset_names is not None:
+                self.reset_names = {reset_names} if isinstance(reset_names, str) else set(reset_names)
+            self.stop()
+            run = Run(id=len(self._runs), reset_names=frozenset(self.reset_names), atol=self.atol,
+                      rtol=self.rtol, node_local=self.node_local)
+            self._runs.append(run)
+            self._runner = Runner(run, self._start_run, self._publish, self.time_limit)
+            self.run_id = run.id
+            self.status = RUNNING if self._prepared is not None else "preparing"
+            self.message = ""
+            self._runner.begin()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> "SbsWidget":
+        """End the current run at the next record; the records so far are kept (status "stopped").
+        A runtime call in flight is terminated; one that ignores it is abandoned after ``timeout``
+        seconds (the run ends "stopped" and says so; later runs do not wait for it)."""
+        runner = self._runner
+        if runner is None:
+            return self
+        runner.stop()
+        if threading.current_thread() is not runner.thread and not runner.join(timeout):  # (the run may stop itself)
+            runner.abandon()
+        return self
+
+    def wait(self, timeout: float | None = None) -> "SbsWidget":
+        """Block until the current run ends; re-raise its error if it failed. Returns ``self``."""
+        runner = self._runner
+        if runner is not None and not runner.join(timeout):
+            raise TimeoutError(f"run {runner.run.id} still running after {timeout} s")
+        if self._runs and self._runs[-1].status == FAILED:
+            from sbs_widget.errors import SbsError
+
+            raise SbsError(f"run {self._runs[-1].id} failed: {self._runs[-1].error}")
+        return self
+
+    def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
+        """Write the current run as a self-contained offline HTML page (see ``report.write_html_report``)."""
+        from sbs_widget.views.report import write_html_report
+
+        return write_html_report(self, path, title=title or self.title or "sbs_widget report")
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def _prepare(self):
+        with self._prepare_lock:
+            from sbs_widget.engine.entry import prepare
+
+            prepared = prepare(self._ep, self._onx)  # cached by content: an edited model is prepared again
+            if prepared is not self._prepared:
+                self._prepared = prepared
+                self._fill_dot(prepared)
+            return prepared
+
+    def _fill_dot(self, prepared) -> None:
+        try:
+            from sbs_widget.graphs.dot import dot_sources
+        except ImportError:  # the graphs feature is not part of this build
+            return
+        try:
+            self.fx_dot, self.onnx_dot = dot_sources(prepared, records=None)
+        except Exception as e:  # a graph that cannot be drawn must not cost the comparison
+            warnings.warn(f"graphs unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
+
+    def _start_run(self, run: Run, progress, cancel):
+        prepared = self._prepare()
+        if any(self._default_tolerance):  # the first run settles them; the user's edits stand after
+            auto_atol, auto_rtol = self._default_tolerance
+            self._default_tolerance = (False, False)
+            run.atol, run.rtol = prepared.tolerance(None if auto_atol else run.atol, None if auto_rtol else run.rtol)
+            self.atol, self.rtol = run.atol, run.rtol
+        if run is self._runs[-1] and self.status == "preparing":
+            self.status = RUNNING
+        run.fx_total = getattr(prepared, "n_fx_nodes", 0)
+        extra = {} if self._runtime is None else {"runtime": self._runtime}
+        return prepared.run(self._args, self._kwargs, atol=run.atol, rtol=run.rtol,
+                            reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
+                            progress=progress, cancel=cancel, **extra)
+
+    def _publish(self, run: Run, final: bool) -> None:
+        """Push new rows, then the progress that counts them (so a view never asks for rows in flight)."""
+        with self._report_lock:
+            start = self._sent.get(run.id, 0)
+            n = len(run.records)
+            if n > start:
+                self.send({"type": "rows", "run": run.id, "start": start}, [encode_rows(run.records[start:n])])
+                self._sent[run.id] = n
+            current = bool(self._runs) and run is self._runs[-1]
+            if current:
+                self.progress = self._progress_of(run, n)
+            if final:
+                try:
+                    self.runs_meta = [r.summary() for r in self._runs]
+                    if current:
+                        self._update_compare()
+                        self._update_culprits(run)
+                finally:  # whatever fails above, the run's end is shown
+                    if current:
+                        self.message = run.error
+                        self.status = run.status
+
+    def _progress_of(self, run: Run, n_rows: int) -> dict:
+        prepared = self._prepared
+        fx_total = run.fx_total or getattr(prepared, "n_fx_nodes", 0) or 0
+        fx_done = fx_total if run.status == DONE and fx_total else run.fx_done
+        eta = None
+        if run.status == RUNNING and fx_done and fx_total > fx_done:
+            eta = run.elapsed * (fx_total - fx_done) / fx_done
+        return {
+            "run": run.id,
+            "atol": run.atol,  # the run's own tolerances: the view recolors against them exactly
+            "rtol": run.rtol,
+            "n_rows": n_rows,
+            "fx_done": fx_done,
+            "fx_total": fx_total,
+            "onnx_done": len(run.onnx_nodes_seen),
+            "onnx_total": getattr(prepared, "n_onnx_nodes", 0) or 0,
+            "current": run.current,
+            "elapsed": round(run.elapsed, 3),
+            "eta": None if eta is None else round(eta, 2),
+            "counts": dict(run.counts),
+            "worst": run.summary()["worst_err"],
+            "worst_name": run.summary()["worst_name"],
+            "worst_i": run.worst_i,
+            "finished": run.finished,
+        }
+
+    @traitlets.validate("atol", "rtol")
+    def _valid_tolerance(self, proposal) -> float:
+        return valid_tolerance(proposal["trait"].name, proposal["value"])  # NaN, inf, < 0: InputError
+
+    @traitlets.observe("atol", "rtol")
+    def _tolerance_changed(self, change) -> None:
+        if getattr(self, "_runs", None) and self._runs[-1].finished:  # not during __init__
+            self._update_compare()
+
+    def _update_culprits(self, run: Run) -> None:
+        from sbs_widget.blame.culprits import find_culprits
+
+        try:
+            found = find_culprits(run.records, prepared=self._prepared, atol=run.atol, rtol=run.rtol)
+        except Exception as e:  # a failed culprit search must not cost the comparison
+            warnings.warn(f"culprits unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
+            found = []
+        self.culprits = [dict(c.to_dict(), i=c.record) for c in found]
+
+    def export_repro(self, name, folder):
+        """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
+        ``Culprit``) into ``folder``; see ``sbs_widget.export_repro``."""
+        from sbs_widget.blame.repro import export_repro
+
+        return export_repro(self._prepare(), self._args, name, folder, kwargs=self._kwargs,
+                            atol=self.atol, rtol=self.rtol)
+
+    def _update_compare(self) -> None:
+        if len(self._runs) < 2:
+            self.compare = {}
+            return
+        self.compare = compare_runs(self._runs[-2], self._runs[-1], self.atol, self.rtol)
+
+    # --- messages from the view --------------------------------------------------------------
+
+    def _on_msg(self, widget, content, buffers) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "get_rows":
+            limit = max(1, min(int(content.get("limit", PAGE_ROWS)), PAGE_ROWS))
+            self._send_page(int(content.get("run", -1)), int(content.get("start", 0)), limit)
+        elif kind == "rerun" and self._ep is not None:
+            self.rerun()
+        elif kind == "stop":
+            self.stop()
+
+    def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
+        if not 0 <= run_id < len(self._runs):
+            return
+        records = self._runs[run_id].records
+        stop = min(len(records), start + limit)
+        self.send({"type": "rows", "run": run_id, "start": start, "reply": True},
+                  [encode_rows(records[start:stop])])
