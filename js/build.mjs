@@ -1,12 +1,40 @@
 // Bundles the front end into sbs_widget/static/ (committed, so `pip install` needs no node).
 // js/widget.js -> widget.js (the anywidget ESM); js/graphs/page.js -> graphs_page.js when present.
 import * as esbuild from "esbuild";
-import { existsSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const watch = process.argv.includes("--watch");
+
+// js/spec.gen.js from sbs_widget/views/shared_rules.py (the one source of the rules both sides apply).
+// The two package modules it needs are loaded without sbs_widget/__init__.py: no torch import, and a
+// half-edited engine module elsewhere cannot break the build. Without Python the committed file stays
+// (tests/test_shared_rules.py fails when it is stale).
+const SPEC_SCRIPT = `
+import sys, types
+for name, path in (("sbs_widget", "sbs_widget"), ("sbs_widget.views", "sbs_widget/views")):
+    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m
+from sbs_widget.views.shared_rules import js_module
+sys.stdout.write(js_module())
+`;
+function writeSpec() {
+  const target = join(root, "js/spec.gen.js");
+  let text;
+  for (const python of [process.env.PYTHON, "python3", "python"].filter(Boolean)) {
+    try {
+      text = execFileSync(python, ["-c", SPEC_SCRIPT], { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+      break;
+    } catch (e) {
+      if (e.code !== "ENOENT") throw e; // Python is there and the generator failed: say so
+    }
+  }
+  if (text === undefined) console.warn("python not found: js/spec.gen.js left as committed");
+  else if (!existsSync(target) || readFileSync(target, "utf8") !== text) writeFileSync(target, text);
+}
+writeSpec();
 
 const entries = [
   ["js/widget.js", "sbs_widget/static/widget.js"],

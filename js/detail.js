@@ -1,10 +1,8 @@
 // The detail of one record: both sides, every error figure and the |diff| histogram.
 
 import { h, clear } from "./dom.js";
-import { colorFor, fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
-
-// Left edges of the histogram buckets (sbs_widget.records.HISTOGRAM_EDGES); last bucket open.
-export const HISTOGRAM_EDGES = [0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 10];
+import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
+import { colorFor, HISTOGRAM_EDGES } from "./rules.js";
 
 function kv(pairs) {
   const grid = h("div", { class: "sbs-kv" });
@@ -15,7 +13,7 @@ function kv(pairs) {
   return grid;
 }
 
-function histogram(counts, atol) {
+function histogram(counts) {
   const max = Math.max(1, ...counts);
   const bars = h("div", { class: "sbs-hist" });
   const labels = h("div", { class: "sbs-hist-labels" });
@@ -25,7 +23,7 @@ function histogram(counts, atol) {
     const range = hi === undefined ? `≥ ${lo.toExponential(0)}` : `[${lo === 0 ? "0" : lo.toExponential(0)}, ${hi.toExponential(0)})`;
     // log height: one element beyond tolerance must stay visible next to a million within it
     const height = n ? 8 + 92 * (Math.log10(n + 1) / Math.log10(max + 1)) : 0;
-    const bar = h("div", { class: "sbs-hist-bar", style: { height: `${height}%`, background: colorFor(hi === undefined ? lo * 10 : hi, "ok", atol) } });
+    const bar = h("div", { class: "sbs-hist-bar", style: { height: `${height}%`, background: colorFor(hi === undefined ? lo * 10 : hi, "ok") } });
     bars.append(h("div", { title: `${range}: ${fmtInt(n)} elements` }, bar));
     labels.append(h("div", { text: b === 0 ? "0" : lo.toExponential(0).replace("e+", "e") }));
   });
@@ -52,7 +50,7 @@ export function renderDetail(container, row, ctx) {
       ["beyond tolerance at", row.err_where]]),
   );
   if (Array.isArray(row.histogram) && row.histogram.length) {
-    container.append(h("h4", { text: "|diff| histogram" }), histogram(row.histogram, ctx.atol));
+    container.append(h("h4", { text: "|diff| histogram" }), histogram(row.histogram));
   }
   container.append(
     h("h4", { text: "torch.export (FX)" }),

@@ -1,4 +1,5 @@
-// Number formatting and the error color scale, shared by the table, the detail and the graphs.
+// Number formatting and safe display text, shared by the table, the detail and the graphs
+// (the error colour scale is in rules.js).
 
 export function fmtErr(v) {
   if (v === null || v === undefined) return "";
@@ -17,24 +18,6 @@ export function fmtSeconds(s) {
   if (s < 1) return `${Math.round(s * 1000)} ms`;
   if (s < 60) return `${s.toFixed(1)} s`;
   return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
-}
-
-const clamp01 = (x) => Math.max(0, Math.min(1, x));
-
-/** Background of a record by its error on a log scale around atol; translucent so that it reads on
- *  light and dark themes. Within atol: faint green (fainter the smaller); beyond: yellow (just over)
- *  to red (4 decades over); NaN/inf and failures: strong red; nothing compared: no tint. */
-export function colorFor(err, status, atol = 1e-4) {
-  if (status === "error") return "hsla(0, 85%, 50%, 0.45)";
-  if (err === null || err === undefined) return "transparent";
-  if (!Number.isFinite(err)) return "hsla(0, 85%, 50%, 0.55)";
-  const tol = atol > 0 ? atol : 1e-12;
-  if (err <= tol) {
-    const t = err > 0 ? clamp01((Math.log10(err) - Math.log10(tol) + 6) / 6) : 0;
-    return `hsla(140, 55%, 45%, ${(0.05 + 0.13 * t).toFixed(3)})`;
-  }
-  const t = clamp01(Math.log10(err / tol) / 4);
-  return `hsla(${Math.round(48 - 48 * t)}, 90%, 50%, ${(0.28 + 0.32 * t).toFixed(3)})`;
 }
 
 // Characters that hide, reorder or break text: C0/C1 controls, bidi embeddings/overrides/isolates and

@@ -1,12 +1,9 @@
 // Rows of a run on the view side: decoding the batches the kernel sends, and the pure filter / sort /
 // tolerance logic of the table (kept free of DOM so it is tested directly and stays fast).
 
-const NUMERIC = new Set([
-  "i", "ep_id_node", "onnx_id_node", "onnx_id_output", "err_abs", "err_rel", "err_dev", "err_nan",
-  "err_h01", "err_h001", "err_local", "ep_time_run", "onnx_time_run", "n_elements",
-]);
+import { fromJson, isNumeric, isWithin } from "./rules.js";
 
-export const isNumeric = (key) => NUMERIC.has(key);
+export { isNumeric, isWithin };
 
 function asBytes(buffer) {
   if (buffer instanceof Uint8Array) return buffer;
@@ -21,8 +18,7 @@ export function decodeRows(buffer, columns, start) {
   return values.map((vals, k) => {
     const row = { i: start + k };
     for (let j = 0; j < columns.length; j++) {
-      let v = vals[j];
-      if (typeof v === "string" && NUMERIC.has(columns[j])) v = Number(v);
+      const v = fromJson(columns[j], vals[j]);
       row[columns[j]] = v === undefined ? null : v;
     }
     return row;
@@ -42,18 +38,6 @@ export class RunRows {
     for (const r of fresh) this.rows.push(r);
     return fresh.length > 0;
   }
-}
-
-/** Same rule as sbs_widget.widget_rows.within: the engine's verdict at the run's tolerances,
- *  otherwise err_abs <= atol or err_rel <= rtol. null when nothing was compared. */
-export function isWithin(row, atol, rtol, runAtol, runRtol) {
-  if (row.err_abs === null || row.err_abs === undefined) return null;
-  if (row.status === "one-sided" || row.status === "error") return null;
-  if (atol === runAtol && rtol === runRtol && row.within_tolerance !== null && row.within_tolerance !== undefined)
-    return Boolean(row.within_tolerance);
-  if (row.err_nan) return false;
-  if (Number.isNaN(row.err_abs)) return false;
-  return row.err_abs <= atol || (row.err_rel !== null && row.err_rel <= rtol);
 }
 
 function searchText(row) {
@@ -103,7 +87,7 @@ export function filterIndex(rows, filter = {}, tol = {}) {
  *  NaN errors count as the largest, ties keep execution order. */
 export function sortIndex(index, rows, key, dir = 1) {
   if (!key) return index;
-  if (NUMERIC.has(key)) {
+  if (isNumeric(key)) {
     const keys = new Float64Array(rows.length);
     const empty = new Uint8Array(rows.length);
     for (const k of index) {

@@ -2,7 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { RunRows, SortCache, decodeRows, filterIndex, isWithin, sortIndex } from "./rows.js";
 import { toCSV } from "./csv.js";
-import { colorFor, fmtErr } from "./format.js";
+import { fmtErr } from "./format.js";
+import { colorFor } from "./rules.js";
 
 const enc = (x) => new TextEncoder().encode(JSON.stringify(x));
 
@@ -66,15 +67,13 @@ test("toCSV quotes commas, quotes and newlines; writes NaN/inf", () => {
   assert.equal(csv, 'i,ep_name,err_abs,histogram\n0,"a,""b""\nc",NaN,1 2\n');
 });
 
-test("colorFor: green within atol, yellow to red beyond, red for NaN and errors, none when not compared", () => {
-  assert.match(colorFor(1e-6, "ok", 1e-4), /^hsla\(140/);
-  assert.match(colorFor(2e-4, "mismatch", 1e-4), /^hsla\(4\d,/);
-  assert.match(colorFor(10, "mismatch", 1e-4), /^hsla\(0,/);
-  assert.match(colorFor(NaN, "mismatch", 1e-4), /^hsla\(0,/);
-  assert.match(colorFor(null, "error", 1e-4), /^hsla\(0,/);
-  assert.equal(colorFor(null, "one-sided", 1e-4), "transparent");
-  // the same error changes color with atol (re-coloring without rerunning)
-  assert.notEqual(colorFor(1e-3, "ok", 1e-4), colorFor(1e-3, "ok", 1e-2));
+test("colorFor: one absolute log scale, green to red, NaN the worst, errors purple, nothing compared clear", () => {
+  assert.equal(colorFor(1e-9, "ok"), colorFor(1e-7, "ok"));
+  assert.equal(colorFor(10, "mismatch"), colorFor(NaN, "mismatch"));
+  assert.equal(colorFor(Infinity, "mismatch"), colorFor(1, "mismatch"));
+  assert.equal(colorFor(null, "error"), "#7b329476");
+  assert.equal(colorFor(null, "ok"), "#ffffff00");
+  assert.equal(new Set([-7, -6, -5, -4, -3, -2, -1, 0].map((e) => colorFor(10 ** e, "ok"))).size, 8);
   assert.equal(fmtErr(0.000123), "1.23e-4");
 });
 

@@ -1,6 +1,7 @@
 // A model without a kernel, for the offline HTML report: state frozen in the page, rows served from
 // the embedded data through the same get_rows protocol the kernel answers.
 
+import { MESSAGES } from "./rules.js";
 import { createView } from "./view.js";
 
 export function createStaticModel({ state, runs }) {
@@ -15,10 +16,10 @@ export function createStaticModel({ state, runs }) {
     on(event, cb) { if (!handlers.has(event)) handlers.set(event, new Set()); handlers.get(event).add(cb); },
     off(event, cb) { handlers.get(event)?.delete(cb); },
     send(msg) {
-      if (!msg || msg.type !== "get_rows") return;
+      if (!msg || msg.type !== MESSAGES.get_rows) return;
       const rows = (runs[msg.run] || []).slice(msg.start, msg.start + (msg.limit || Infinity));
       const buffer = encoder.encode(JSON.stringify(rows));
-      setTimeout(() => emit("msg:custom", { type: "rows", run: msg.run, start: msg.start, reply: true }, [buffer]), 0);
+      setTimeout(() => emit("msg:custom", { type: MESSAGES.rows, run: msg.run, start: msg.start, reply: true }, [buffer]), 0);
     },
   };
 }

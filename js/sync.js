@@ -5,6 +5,7 @@
 // is ever needed.
 
 import { RunRows, decodeRows } from "./rows.js";
+import { MESSAGES } from "./rules.js";
 
 const REQUEST_RETRY_MS = 5000; // a get_rows unanswered this long (kernel restarted) is asked again
 const FIRST_PAGE = 1000; // a small first page paints the table fast; the rest follows in big pages
@@ -27,11 +28,11 @@ export function createRowSync(model, onRows) {
     const now = Date.now();
     if (st.pendingSince && now - st.pendingSince < REQUEST_RETRY_MS) return;
     st.pendingSince = now;
-    model.send({ type: "get_rows", run: id, start: st.rows.length, limit: st.rows.length ? PAGE : FIRST_PAGE });
+    model.send({ type: MESSAGES.get_rows, run: id, start: st.rows.length, limit: st.rows.length ? PAGE : FIRST_PAGE });
   }
 
   function onMessage(msg, buffers) {
-    if (!msg || msg.type !== "rows" || !buffers || !buffers.length) return;
+    if (!msg || msg.type !== MESSAGES.rows || !buffers || !buffers.length) return;
     const st = runOf(msg.run);
     if (msg.reply) st.pendingSince = 0;
     if (msg.start <= st.rows.length && st.add(msg.start, decodeRows(buffers[0], model.get("columns"), msg.start))) {

@@ -4,7 +4,8 @@
 
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
-import { colorFor, fmtInt, visible } from "./format.js";
+import { fmtInt, visible } from "./format.js";
+import { colorFor, MESSAGES } from "./rules.js";
 import { SortCache, filterIndex, isNumeric, isWithin } from "./rows.js";
 import { createRowSync } from "./sync.js";
 import { createTable } from "./table.js";
@@ -43,7 +44,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   };
   const resetNames = () => [...(model.get("reset_names") || [])];
   const nameOf = (row) => row.ep_name || row.onnx_name || "";
-  const colorOfRow = (row) => colorFor(row.err_abs, row.status, model.get("atol"));
+  const colorOfRow = (row) => colorFor(row.err_abs, row.status);
 
   const sync = createRowSync(model, (id) => { if (id === shown) scheduleRefresh(); });
   disposers.push(sync.dispose);
@@ -51,8 +52,8 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
 
   // --- layout ----------------------------------------------------------------------------------
   const prog = createProgress({ onWorst: () => { const i = progress().worst_i; if (i !== null && i !== undefined && progress().run === shown) select(i, true); } });
-  const stopBtn = h("button", { text: "Stop", title: "end the run; records so far are kept", onclick: () => model.send({ type: "stop" }) });
-  const rerunBtn = h("button", { text: "Rerun", title: "new run with the reset set below", onclick: () => model.send({ type: "rerun" }) });
+  const stopBtn = h("button", { text: "Stop", title: "end the run; records so far are kept", onclick: () => model.send({ type: MESSAGES.stop }) });
+  const rerunBtn = h("button", { text: "Rerun", title: "new run with the reset set below", onclick: () => model.send({ type: MESSAGES.rerun }) });
   const title = h("span", { class: "sbs-title" });
 
   const search = h("input", { type: "text", placeholder: "filter names, op, module…", "aria-label": "filter", style: { width: "200px" } });
@@ -83,7 +84,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const reset = createResetPanel({
     getNames: resetNames,
     setNames: (names) => { model.set("reset_names", names); model.save_changes(); },
-    onRerun: () => model.send({ type: "rerun" }),
+    onRerun: () => model.send({ type: MESSAGES.rerun }),
     live,
   });
   const culprits = createCulpritsPanel({
@@ -101,7 +102,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       search, h("label", {}, beyond, "only beyond tolerance"), statusSel,
       h("label", {}, colSel, minIn, "–", maxIn),
       h("span", { class: "sbs-spacer-flex" }),
-      h("label", { title: "re-colors and re-judges without rerunning; the next run uses them" }, "atol", atolIn),
+      h("label", { title: "re-judges without rerunning; the next run uses them" }, "atol", atolIn),
       h("label", {}, "rtol", rtolIn)),
     compareEl,
     culprits.el,
@@ -255,7 +256,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     el: graphsHost,
     getRows: rowsShown,
     onRows: (cb) => { rowListeners.add(cb); return () => rowListeners.delete(cb); },
-    colorFor: (err, status) => colorFor(err, status, model.get("atol")),
+    colorFor,
     select: (i) => select(i, true),
     onSelect: (cb) => { selectListeners.add(cb); return () => selectListeners.delete(cb); },
   };

@@ -77,16 +77,26 @@ test("text filter and 'only beyond tolerance'", async () => {
   dispose();
 });
 
-test("editing atol recolors without asking the kernel for anything", async () => {
+test("editing atol re-judges without asking the kernel for anything; colours stay (absolute scale)", async () => {
   const { model, el, dispose } = mount(3, () => ({ err_abs: 1e-3, err_rel: 1e-3, within_tolerance: false, status: "mismatch" }));
   await tick();
+  const beyond = [...el.querySelectorAll("label")].find((l) => l.textContent.includes("only beyond")).querySelector("input");
+  beyond.checked = true;
+  beyond.dispatchEvent(new window.Event("change"));
+  await tick();
+  assert.equal(shownRows(el).length, 3);
   const before = shownRows(el)[0].style.background;
   const sent = model.sent.length;
   const atol = el.querySelector('input[aria-label="atol"]');
   atol.value = "0.01";
   atol.dispatchEvent(new window.Event("change"));
+  await tick();
   assert.equal(model.get("atol"), 0.01);
-  assert.notEqual(shownRows(el)[0].style.background, before);
+  assert.equal(shownRows(el).length, 0); // 1e-3 is within atol 0.01
+  beyond.checked = false;
+  beyond.dispatchEvent(new window.Event("change"));
+  await tick();
+  assert.equal(shownRows(el)[0].style.background, before);
   assert.equal(model.sent.length, sent);
   dispose();
 });

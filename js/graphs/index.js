@@ -8,7 +8,7 @@ import {
 import { fmtInt, visible } from "../format.js";
 import { createPane, el } from "./pane.js";
 import { CSS } from "./style.js";
-import { colorFor as defaultColorFor, ERROR_FILL, errorColor, ONE_SIDED_FILL } from "./colors.js";
+import { colorFor as defaultColorFor, ERROR_FILL, ERROR_LINE, errorColor, NOT_COMPARED, ONE_SIDED_FILL, RESET_LINE } from "../rules.js";
 
 const SIDES = ["fx", "onnx"];
 const OTHER = { fx: "onnx", onnx: "fx" };
@@ -402,9 +402,9 @@ function legend(colorFor) {
   box.append(
     el("span", null, "|err| 1e-8"), ramp, el("span", null, "1"),
     chip(ONE_SIDED_FILL, "border-style:dashed", "one-sided"),
-    chip(errorColor(0), "border:2px solid #1f5fbf", "reset"),
-    chip(ERROR_FILL, "border:2px solid #7b3294", "error"),
-    chip("#fff", "", "not compared"),
+    chip(errorColor(0), `border:2px solid ${RESET_LINE}`, "reset"),
+    chip(ERROR_FILL, `border:2px solid ${ERROR_LINE}`, "error"),
+    chip(NOT_COMPARED, "", "not compared"),
   );
   return box;
 }

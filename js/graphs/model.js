@@ -3,9 +3,9 @@
 // Tested with node's test runner (model.test.js); the browser side lives in pane.js and index.js.
 
 import { labelText, visible } from "../format.js";
+import { BROADCAST, GRAPH_SPEC_MARKER, NOT_COMPARED, STUB_FILL, worse } from "../rules.js";
 
-export const SPEC_MARKER = "// sbs-graph-spec ";
-const SEVERITY = { error: 4, mismatch: 3, reset: 2, ok: 1, "one-sided": 0 };
+export const SPEC_MARKER = `// ${GRAPH_SPEC_MARKER}`;
 
 /** The graph structure the Python side put on the first line of its DOT, or null. */
 export function parseSpec(dot) {
@@ -95,13 +95,6 @@ export function paintClusters(g, paint) {
   return out;
 }
 
-function worse(p, err, status) {
-  if (!p) return { err: err ?? null, status };
-  const e = p.err === null ? err : err === null || err === undefined ? p.err : Math.max(p.err, err);
-  const isNaN_ = Number.isNaN(p.err) || Number.isNaN(err);
-  return { err: isNaN_ ? NaN : e, status: SEVERITY[status] > SEVERITY[p.status] ? status : p.status };
-}
-
 /** The node a table row names on this side, or -1. */
 export function nodeOfRow(g, row) {
   if (g.side === "fx") return row.ep_name != null ? g.byName.get(row.ep_name) ?? -1 : -1;
@@ -179,7 +172,7 @@ const errOf = (p) => (p.err === null ? -1 : Number.isNaN(p.err) ? Infinity : p.e
  * outermost collapsed cluster, or null when filtered out), `proxies` stub id -> box (see below), `dot`
  * the DOT text. `newrank` ranks across clusters: without it dot ranks each module apart and a mask read
  * by every layer puts all decoder layers side by side. */
-export function buildView(g, { collapsed = new Set(), only = null, paint = [], clusterPaint = [], colorFor, broadcast = 6 }) {
+export function buildView(g, { collapsed = new Set(), only = null, paint = [], clusterPaint = [], colorFor, broadcast = BROADCAST }) {
   const clusters = g.spec.clusters;
   const repOf = g.nodes.map((x, i) => {
     if (only && !only.has(i)) return null;
@@ -190,7 +183,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
   const lines = [
     "digraph G {",
     'graph [newrank=true rankdir=TB fontname="Helvetica" fontsize=10 nodesep=0.15 ranksep=0.3 bgcolor="transparent"]',
-    'node [shape=box style="filled,rounded" fontname="Helvetica" fontsize=9 height=0.3 fillcolor="#ffffff"]',
+    `node [shape=box style="filled,rounded" fontname="Helvetica" fontsize=9 height=0.3 fillcolor="${NOT_COMPARED}"]`,
     'edge [arrowsize=0.5 color="#777777"]',
   ];
   // Group shown boxes by the cluster they sit in; a collapsed box sits in its parent cluster.
@@ -252,7 +245,7 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
       const key = `p${proxies.size}`;
       proxies.set(key, ra);
       stubs.set(`${ra}->${rb}`, key);
-      lines.push(`${key} [label=${quote(labelOf(ra))} shape=cds style=filled fillcolor="#f0f0f0" fontsize=7 height=0.2]`);
+      lines.push(`${key} [label=${quote(labelOf(ra))} shape=cds style=filled fillcolor="${STUB_FILL}" fontsize=7 height=0.2]`);
       lines.push(`${key}->${rb}`);
     }
   }
@@ -272,7 +265,7 @@ export function clusterLabel(g, c) {
 }
 
 function fill(p, colorFor) {
-  return p && colorFor ? colorFor(p.err, p.status) : "#ffffff";
+  return p && colorFor ? colorFor(p.err, p.status) : NOT_COMPARED;
 }
 
 /** A DOT double-quoted string showing `text` literally (mirrors sbs_widget.graphs.quote): backslashes

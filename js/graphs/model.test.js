@@ -5,7 +5,7 @@ import {
   buildView, counterparts, defaultCollapsed, errorPath, indexGraph, neighbourhood, nodeOfRow, paintClusters,
   paintGraph, parseSpec, quote, SPEC_MARKER,
 } from "./model.js";
-import { colorFor, errorColor } from "./colors.js";
+import { colorFor, errorColor } from "../rules.js";
 
 // FX: x -> linear -> gelu -> add -> output, all linear/gelu in module "mlp", "mlp.fc" holds linear.
 const FX = {
@@ -162,10 +162,11 @@ test("DOT quoting keeps hostile names inert", () => {
   assert.match(buildView(evil, { colorFor }).dot, /label="\\"\];x->y;z\["/);
 });
 
-test("color scale matches sbs_widget.graphs.error_color", () => {
-  assert.equal(errorColor(0), "#81c69f");
-  assert.equal(errorColor(1e-4), "#ede8bb");
-  assert.equal(errorColor(1), "#e98d88");
-  assert.equal(errorColor(null), "#ffffff");
-  assert.equal(colorFor(null, "error"), "#c2a5cf");
+test("color scale matches sbs_widget.views.shared_rules.error_color", () => {
+  assert.equal(errorColor(0), "#1a98508c");
+  assert.equal(errorColor(1e-4), "#ddd6838c");
+  assert.equal(errorColor(1), "#d730278c");
+  assert.equal(errorColor(NaN), "#d730278c"); // NaN is the worst error, as in the table's sort
+  assert.equal(errorColor(null), "#ffffff00");
+  assert.equal(colorFor(null, "error"), "#7b329476");
 });

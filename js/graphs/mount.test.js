@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { JSDOM } from "jsdom";
+import { NOT_COMPARED } from "../rules.js";
 
 const dom = new JSDOM("<!doctype html><div id=host></div>", { pretendToBeVisual: true });
 for (const k of ["document", "DOMParser", "requestAnimationFrame", "HTMLElement"]) globalThis[k] = dom.window[k];
@@ -66,7 +67,7 @@ test("paints live, links both ways, selects the table row", async () => {
   const f = fakeCtx();
   const dispose = mountGraphs(f.ctx);
   await until(() => f.el.querySelectorAll(".sbsg-pane[data-renders]").length === 2);
-  assert.equal(fill(f.el, "fx:linear"), "#ffffff"); // nothing compared yet
+  assert.equal(fill(f.el, "fx:linear"), NOT_COMPARED); // nothing compared yet
 
   // Rows stream in: colors change without a new layout.
   const renders = f.el.querySelector(".sbsg-pane").dataset.renders;

@@ -1,6 +1,6 @@
 // The standalone graphs page written by `python -m sbs_widget graph`: reads the data embedded in the
 // page, shows a small records table and the linked graphs. Works offline from a file:// URL.
-import { colorFor } from "./colors.js";
+import { colorFor, fromJson } from "../rules.js";
 import { visible } from "../format.js";
 import { mountGraphs } from "./index.js";
 import { prewarmLayout } from "./layout.js";
@@ -31,7 +31,12 @@ function main() {
   tableBox.className = "sbsp-table";
   document.body.append(h1, graphs, tableBox);
 
-  const rows = data.rows.map((r, i) => ({ ...r, i: r.i ?? i }));
+  // numbers as the kernel sends them: NaN and infinities arrive as strings (shared_rules.NON_FINITE)
+  const rows = data.rows.map((r, i) => {
+    const row = { i };
+    for (const [k, v] of Object.entries(r)) row[k] = fromJson(k, v);
+    return row;
+  });
   const selectListeners = new Set();
   const trs = new Map();
   let selected = null;

@@ -1,6 +1,7 @@
 // One graph pane: shows a Graphviz SVG, pans and zooms it, paints and highlights its boxes by DOT id.
 // Pan and zoom move one CSS transform on a wrapper, so a 3,000-node SVG is moved by the compositor
 // instead of being re-laid out by the browser on every wheel tick.
+import { NOT_COMPARED } from "../rules.js";
 
 const SHAPES = "polygon, path, ellipse";
 
@@ -102,7 +103,7 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
       for (const [key, g] of items) {
         const p = paintOf(key);
         const shape = g.querySelector(SHAPES);
-        if (shape) shape.setAttribute("fill", p ? p.fill : "#ffffff");
+        if (shape) shape.setAttribute("fill", p ? p.fill : NOT_COMPARED);
         g.dataset.status = p?.status ?? "";
       }
       for (const [c, g] of clusters) {

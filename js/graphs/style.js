@@ -1,5 +1,7 @@
 // Styles of the graphs area, scoped under .sbsg. Status marks are strokes (not shapes) so that live
 // repaints never need a new layout.
+import { ERROR_LINE, RESET_LINE } from "../rules.js";
+
 export const CSS = `
 .sbsg { container-type: inline-size; font: 12px/1.4 var(--jp-ui-font-family, system-ui, sans-serif);
   color: var(--jp-ui-font-color1, #222); }
@@ -28,8 +30,8 @@ export const CSS = `
 .sbsg g.node { cursor: pointer; }
 .sbsg g.cluster > text { cursor: pointer; }
 .sbsg g.node[data-status="one-sided"] > :is(polygon, path, ellipse) { stroke-dasharray: 4 2; }
-.sbsg g.node[data-status="reset"] > :is(polygon, path, ellipse) { stroke: #1f5fbf; stroke-width: 3; }
-.sbsg g.node[data-status="error"] > :is(polygon, path, ellipse) { stroke: #7b3294; stroke-width: 3; }
+.sbsg g.node[data-status="reset"] > :is(polygon, path, ellipse) { stroke: ${RESET_LINE}; stroke-width: 3; }
+.sbsg g.node[data-status="error"] > :is(polygon, path, ellipse) { stroke: ${ERROR_LINE}; stroke-width: 3; }
 .sbsg g.node.sbsg-hover > :is(polygon, path, ellipse) { stroke: #ff8c00; stroke-width: 4; }
 .sbsg g.node.sbsg-path > :is(polygon, path, ellipse) { stroke: #d40000; stroke-width: 3; }
 .sbsg g.edge.sbsg-path > path { stroke: #d40000; stroke-width: 3; }

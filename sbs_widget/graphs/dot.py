@@ -16,44 +16,18 @@ needs to collapse clusters.
 from __future__ import annotations
 
 import json
-import math
 from typing import Iterable
 
 import graphviz
 
 from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
 from sbs_widget.records import ERROR, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
+from sbs_widget.views.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
+# Colours, severities and the broadcast rule are shared with the browser's graphs (js/rules.js).
 
-# Log scale shared with js/graphs/colors.js: |err| <= 1e-7 is green, >= 1 red, yellow in between.
-_LOG_LO, _LOG_HI = -7.0, 0.0
-_STOPS = ((0x1a, 0x98, 0x50), (0xfe, 0xe0, 0x8b), (0xd7, 0x30, 0x27))
-_LIGHT = 0.55  # mix with white so that black labels stay readable
-NOT_COMPARED = "#ffffff"
-ONE_SIDED_FILL = "#e8e8e8"
-ERROR_FILL, ERROR_LINE = "#c2a5cf", "#7b3294"
-RESET_LINE = "#1f5fbf"
-# Worst first: the status a node shows when its records disagree.
-_SEVERITY = {ERROR: 4, MISMATCH: 3, RESET: 2, OK: 1, ONE_SIDED: 0}
-SPEC_MARKER = "sbs-graph-spec "
-BROADCAST = 6  # a node read by this many others is drawn as stubs (same rule as js/graphs/model.js)
-
-
-def error_color(err: float | None) -> str:
-    """Fill color of an absolute error on the log scale of the table (``None``: nothing compared).
-
-    >>> error_color(0.0), error_color(1e-4), error_color(1.0)
-    ('#81c69f', '#ede8bb', '#e98d88')
-    """
-    if err is None or (isinstance(err, float) and math.isnan(err)):
-        return NOT_COMPARED
-    t = 1.0 if math.isinf(err) else (math.log10(max(err, 1e-30)) - _LOG_LO) / (_LOG_HI - _LOG_LO)
-    t = min(max(t, 0.0), 1.0) * (len(_STOPS) - 1)
-    i = min(int(t), len(_STOPS) - 2)
-    a, b, f = _STOPS[i], _STOPS[i + 1], t - i
-    rgb = [round(255 - (255 - (x + (y - x) * f)) * _LIGHT) for x, y in zip(a, b)]
-    return "#%02x%02x%02x" % tuple(rgb)
+SPEC_MARKER = GRAPH_SPEC_MARKER
 
 
 def fx_graph(ep, records: Iterable[Record] | None = None) -> graphviz.Digraph:
@@ -111,25 +85,20 @@ def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
             node_id = by_name.get(r.onnx_node_name) or by_value.get(r.onnx_name)
         if node_id is None:
             continue
-        err, status = paint.get(node_id, (None, ONE_SIDED))
-        if r.err_abs is not None and (err is None or r.err_abs > err or math.isnan(r.err_abs)):
-            err = r.err_abs
-        if _SEVERITY.get(r.status, 0) > _SEVERITY.get(status, 0):
-            status = r.status
-        paint[node_id] = (err, status)
+        paint[node_id] = worse(paint.get(node_id), r.err_abs, r.status or OK)
     return paint
 
 
 def _node_style(err: float | None, status: str | None) -> dict[str, str]:
     if status is None:
-        return {"fillcolor": NOT_COMPARED}
+        return {"fillcolor": COLOR_SCALE["not_compared"]}
+    style = {"fillcolor": color_for(err, status)}
     if status == ERROR:
-        return {"fillcolor": ERROR_FILL, "color": ERROR_LINE, "penwidth": "3"}
-    if status == ONE_SIDED and err is None:
-        return {"fillcolor": ONE_SIDED_FILL, "style": "filled,dashed"}
-    style = {"fillcolor": error_color(err)}
-    if status == RESET:
-        style.update(color=RESET_LINE, penwidth="3", peripheries="2")
+        style.update(color=COLOR_SCALE["error_line"], penwidth="3")
+    elif status == ONE_SIDED and err is None:
+        style["style"] = "filled,dashed"
+    elif status == RESET:
+        style.update(color=COLOR_SCALE["reset_line"], penwidth="3", peripheries="2")
     return style
 
 
@@ -139,7 +108,7 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
     # mask feeding every layer puts all decoder layers side by side.
     g.attr(newrank="true", rankdir="TB", fontname="Helvetica", fontsize="10", nodesep="0.15", ranksep="0.3")
     g.attr("node", shape="box", style="filled,rounded", fontname="Helvetica", fontsize="9", height="0.3",
-           fillcolor=NOT_COMPARED)
+           fillcolor=COLOR_SCALE["not_compared"])
     g.attr("edge", arrowsize="0.5", color="#777777")
     children: dict[int, list[int]] = {}
     for i, c in enumerate(spec.clusters):
@@ -168,7 +137,7 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
                 lines.append(f"{indent}n{i} [{_attrs(attrs)}]")
         else:
             path = spec.clusters[c]["path"]
-            color = error_color(worst[c]) if worst.get(c) is not None else "#999999"
+            color = color_for(*worst[c]) if worst.get(c) is not None else "#999999"
             parent = spec.clusters[c]["parent"]
             label = path.removeprefix(spec.clusters[parent]["path"] + ".") if parent >= 0 else path
             lines.append(f"{indent}subgraph cluster_{c} {{")
@@ -187,20 +156,26 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
         for k, b in enumerate(targets):
             stub = f"s{a}_{k}"
             lines.append(f"\t{stub} [label={quote(label_text(spec.nodes[a]['name']))} "
-                         f"tooltip={quote(tooltip(spec.nodes[a]))} shape=cds fillcolor=\"#f0f0f0\" fontsize=7 height=0.2]")
+                         f"tooltip={quote(tooltip(spec.nodes[a]))} shape=cds fillcolor={quote(COLOR_SCALE['stub'])} "
+                         "fontsize=7 height=0.2]")
             lines.append(f"\t{stub} -> n{b}")
     g.body.extend(line + "\n" for line in lines)
     return g
 
 
-def _cluster_worst(spec: GraphSpec, paint: dict, children: dict, members: dict) -> dict[int, float | None]:
-    worst: dict[int, float | None] = {}
+def _cluster_worst(spec: GraphSpec, paint: dict, children: dict, members: dict) -> dict[int, tuple | None]:
+    """Worst paint of each cluster over everything below it (as js/graphs/model.js paintClusters)."""
+    worst: dict[int, tuple | None] = {}
     # Parents precede children in spec.clusters, so walking backwards sees every child first.
     for c in range(len(spec.clusters) - 1, -1, -1):
-        errs = [paint[spec.nodes[i]["id"]][0] for i in members.get(c, ()) if spec.nodes[i]["id"] in paint]
-        errs += [worst[k] for k in children.get(c, ())]
-        errs = [e for e in errs if e is not None]
-        worst[c] = max(errs) if errs else None
+        p = None
+        for i in members.get(c, ()):
+            if spec.nodes[i]["id"] in paint:
+                p = worse(p, *paint[spec.nodes[i]["id"]])
+        for k in children.get(c, ()):
+            if worst[k] is not None:
+                p = worse(p, *worst[k])
+        worst[c] = p
     return worst
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import pathlib
 from typing import Iterable
 
 from sbs_widget.errors import SbsError
 from sbs_widget.graphs.dot import dot_sources
 from sbs_widget.records import Record
+from sbs_widget.views.shared_rules import json_value
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "graphs_page.js"
 _ROW_FIELDS = ("ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "status", "kind", "module")
@@ -29,8 +29,9 @@ def write_graphs_html(path, prepared, records: Iterable[Record] | None = None, *
         raise SbsError(f"{_BUNDLE} is missing: build the front end with `npm install && npm run build`")
     records = list(records or ())
     fx_dot, onnx_dot = dot_sources(prepared, records)
-    rows = [{"i": i, **{k: _json_number(getattr(r, k)) for k in _ROW_FIELDS}} for i, r in enumerate(records)]
-    data = json.dumps({"title": title, "fx_dot": fx_dot, "onnx_dot": onnx_dot, "rows": rows})
+    # NaN/inf as the widget sends them (shared_rules.NON_FINITE): the page reads them back as numbers
+    rows = [{"i": i, **{k: json_value(getattr(r, k)) for k in _ROW_FIELDS}} for i, r in enumerate(records)]
+    data = json.dumps({"title": title, "fx_dot": fx_dot, "onnx_dot": onnx_dot, "rows": rows}, allow_nan=False)
     # "<" escaped so that no "</script>" in a model name can close the data block.
     data = data.replace("<", "\\u003c")
     script = _BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")
@@ -44,9 +45,3 @@ def write_graphs_html(path, prepared, records: Iterable[Record] | None = None, *
     out.write_text(page, encoding="utf-8")
     return out
 
-
-def _json_number(v):
-    # JSON has no NaN/Infinity; the page reads null as "nothing compared", a string keeps inf visible.
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else 1e308
-    return v

@@ -44,7 +44,8 @@ class GraphSpec:
 
     ``nodes``: dicts with ``id``, ``name``, ``label``, ``op``, ``kind`` (input/node/output), ``cluster``
     (index into ``clusters`` or -1); ``label`` is display text (``label_text``: shortened, hidden
-    characters escaped) while ``name`` stays the raw name records carry; ``outputs`` (value names the node produces, ONNX) and ``links``
+    characters escaped) while ``name`` stays the raw name records carry; ``outputs`` (value names the node
+    produces, ONNX) and ``links``
     (FX node names the node comes from, ONNX). ``edges``: ``(src, dst)`` node indices.
     ``clusters``: dicts with ``path`` and ``parent`` (index or -1); a parent precedes its children.
     """
@@ -162,7 +163,8 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
         meta = {p.key: p.value for p in node.metadata_props}
         match = _FX_NODE_RE.match(meta.get("pkg.torch.onnx.fx_node", ""))
         me = len(spec.nodes)
-        spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": f"{label_text(node.op_type)}\n{label_text(name)}",
+        label = f"{label_text(node.op_type)}\n{label_text(name)}"
+        spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": label,
                            "op": node.op_type, "kind": "node",
                            "cluster": spec.cluster_of(_onnx_module_chain(meta.get("pkg.torch.onnx.name_scopes"))),
                            "outputs": [o for o in node.output if o], "links": [match.group(1)] if match else []})
@@ -173,8 +175,8 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
                 producer[out] = me
     for out in graph.output:
         me = len(spec.nodes)
-        spec.nodes.append({"id": f"onnx-out:{out.name}", "name": out.name, "label": label_text(out.name), "op": "output",
-                           "kind": "output", "cluster": -1, "outputs": [], "links": ["output"]})
+        spec.nodes.append({"id": f"onnx-out:{out.name}", "name": out.name, "label": label_text(out.name),
+                           "op": "output", "kind": "output", "cluster": -1, "outputs": [], "links": ["output"]})
         if out.name in producer:
             spec.edges.append((producer[out.name], me))
     return spec

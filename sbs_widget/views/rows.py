@@ -11,19 +11,13 @@ import json
 import math
 from typing import Iterable, Sequence
 
-from sbs_widget.records import ERROR, ONE_SIDED, RECORD_FIELDS, RESET, Record
+from sbs_widget.records import RESET, Record
+from sbs_widget.views.shared_rules import ROW_COLUMNS, json_value, within
 
-ROW_COLUMNS = RECORD_FIELDS
-"""Order of the values in each encoded row (the row index is implicit: ``start`` + position)."""
+# The rules the view applies too live in shared_rules (re-exported here for the modules that use them).
 
-
-def json_value(value):
-    # JSON has no NaN/Infinity: send them as strings, the view converts them back with Number().
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, tuple):
-        return list(value)
-    return value
+__all__ = ["ROW_COLUMNS", "compare_runs", "decode_rows", "encode_rows", "error_key", "json_value", "record_key",
+           "within", "worst"]
 
 
 def encode_rows(records: Sequence[Record]) -> bytes:
@@ -42,24 +36,6 @@ def error_key(err: float | None) -> float:
     if err is None:
         return -1.0
     return math.inf if math.isnan(err) else err
-
-
-def within(record: Record, atol: float, rtol: float, run_atol: float, run_rtol: float) -> bool | None:
-    """Whether ``record`` is within (atol, rtol); ``None`` when nothing was compared.
-
-    With the run's own tolerances this is the engine's element-wise verdict. With others, only the
-    maxima are known, so ``err_abs <= atol or err_rel <= rtol`` stands in for it (the view uses the
-    same rule, js/rows.js ``isWithin``).
-    """
-    if record.err_abs is None or record.status in (ONE_SIDED, ERROR):
-        return None
-    if atol == run_atol and rtol == run_rtol and record.within_tolerance is not None:
-        return bool(record.within_tolerance)
-    if record.err_nan:
-        return False
-    if math.isnan(record.err_abs):
-        return False
-    return record.err_abs <= atol or (record.err_rel is not None and record.err_rel <= rtol)
 
 
 def worst(records: Iterable[Record], skip_reset: bool = False) -> dict | None:

@@ -1,0 +1,76 @@
+// The rules the view shares with the kernel, applied to the data of spec.gen.js (generated from
+// sbs_widget/views/shared_rules.py, where each rule's Python twin lives and the colour scale is
+// explained). tests/test_shared_rules.py feeds the same records to both and compares the answers.
+import { COLOR_SCALE, EXACT_ELEM_TYPES, NO_VERDICT, NUMERIC_COLUMNS, SEVERITY, SHAPE_TYPE } from "./spec.gen.js";
+
+export { BROADCAST, GRAPH_SPEC_MARKER, HISTOGRAM_EDGES, MESSAGES, NON_FINITE, ROW_COLUMNS, SEVERITY, STATUSES } from "./spec.gen.js";
+
+const NUMERIC = new Set(NUMERIC_COLUMNS);
+const EXACT = new Set(EXACT_ELEM_TYPES);
+const SHAPE = new RegExp(SHAPE_TYPE);
+
+export const isNumeric = (key) => NUMERIC.has(key);
+
+/** A value of column `key` as sent in JSON, back to a number: NaN and infinities arrive as strings. */
+export const fromJson = (key, v) => (typeof v === "string" && NUMERIC.has(key) ? Number(v) : v);
+
+/** Whether a side of `row` holds integers or bools (by its shape text "T7s2x3"). */
+export function isExact(row) {
+  for (const text of [row.ep_shape_type, row.onnx_shape_type]) {
+    const m = text ? SHAPE.exec(text) : null;
+    if (m && EXACT.has(Number(m[1]))) return true;
+  }
+  return false;
+}
+
+/** shared_rules.within: the engine's verdict at the run's tolerances, otherwise err_abs <= atol or
+ *  err_rel <= rtol (integer pairs: err_abs == 0). null when nothing was compared. */
+export function isWithin(row, atol, rtol, runAtol, runRtol) {
+  if (row.err_abs === null || row.err_abs === undefined) return null;
+  if (NO_VERDICT.includes(row.status)) return null;
+  if (atol === runAtol && rtol === runRtol && row.within_tolerance !== null && row.within_tolerance !== undefined)
+    return Boolean(row.within_tolerance);
+  if (row.err_nan || Number.isNaN(row.err_abs)) return false;
+  if (isExact(row)) return row.err_abs === 0;
+  return row.err_abs <= atol || (row.err_rel !== null && row.err_rel !== undefined && row.err_rel <= rtol);
+}
+
+/** shared_rules.worse: a node's paint {err, status} after one more record (largest error, NaN wins;
+ *  worst status). */
+export function worse(p, err, status) {
+  if (!p) return { err: err ?? null, status };
+  const old = p.err;
+  let e;
+  if (old === null) e = err ?? null;
+  else if (err === null || err === undefined) e = old;
+  else if (Number.isNaN(old) || Number.isNaN(err)) e = NaN;
+  else e = Math.max(old, err);
+  return { err: e, status: (SEVERITY[status] ?? 0) > (SEVERITY[p.status] ?? 0) ? status : p.status };
+}
+
+const STOPS = COLOR_SCALE.stops.map((s) => [1, 3, 5].map((k) => parseInt(s.slice(k, k + 2), 16)));
+export const NOT_COMPARED = COLOR_SCALE.not_compared;
+export const ONE_SIDED_FILL = COLOR_SCALE.one_sided;
+export const ERROR_FILL = COLOR_SCALE.error;
+export const ERROR_LINE = COLOR_SCALE.error_line;
+export const RESET_LINE = COLOR_SCALE.reset_line;
+export const STUB_FILL = COLOR_SCALE.stub;
+
+/** shared_rules.error_color: colour of an absolute error (null: nothing compared; NaN/inf: the worst). */
+export function errorColor(err) {
+  if (err === null || err === undefined) return NOT_COMPARED;
+  const { log_lo: lo, log_hi: hi } = COLOR_SCALE;
+  let t = Number.isFinite(err) ? (Math.log10(Math.max(err, 1e-30)) - lo) / (hi - lo) : 1;
+  t = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1);
+  const i = Math.min(Math.floor(t), STOPS.length - 2);
+  const f = t - i;
+  const rgb = STOPS[i].map((a, k) => Math.round(a + (STOPS[i + 1][k] - a) * f));
+  return `#${rgb.map((v) => v.toString(16).padStart(2, "0")).join("")}${COLOR_SCALE.alpha}`;
+}
+
+/** shared_rules.color_for: colour of a record (or a node's worst paint) by its error and status. */
+export function colorFor(err, status) {
+  if (status === "error") return ERROR_FILL;
+  if (status === "one-sided" && (err === null || err === undefined)) return ONE_SIDED_FILL;
+  return errorColor(err);
+}
