@@ -23,7 +23,7 @@ sys.stdout.write(js_module())
 function writeSpec() {
   const target = join(root, "js/spec.gen.js");
   let text;
-  for (const python of [process.env.PYTHON, "python3", "python"].filter(Boolean)) {
+  for (const python of [process.env.PYTHON, "python", "python3"].filter(Boolean)) {
     try {
       text = execFileSync(python, ["-c", SPEC_SCRIPT], { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
       break;
