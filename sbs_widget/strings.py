@@ -8,61 +8,21 @@ The letters follow onnx-diagnostic's ``string_type`` so that its users read them
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import torch
 
-TORCH_TO_ONNX = {
-    torch.float32: onnx.TensorProto.FLOAT,
-    torch.uint8: onnx.TensorProto.UINT8,
-    torch.int8: onnx.TensorProto.INT8,
-    torch.uint16: onnx.TensorProto.UINT16,
-    torch.int16: onnx.TensorProto.INT16,
-    torch.int32: onnx.TensorProto.INT32,
-    torch.int64: onnx.TensorProto.INT64,
-    torch.bool: onnx.TensorProto.BOOL,
-    torch.float16: onnx.TensorProto.FLOAT16,
-    torch.float64: onnx.TensorProto.DOUBLE,
-    torch.uint32: onnx.TensorProto.UINT32,
-    torch.uint64: onnx.TensorProto.UINT64,
-    torch.complex64: onnx.TensorProto.COMPLEX64,
-    torch.complex128: onnx.TensorProto.COMPLEX128,
-    torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.float8_e4m3fn: onnx.TensorProto.FLOAT8E4M3FN,
-    torch.float8_e4m3fnuz: onnx.TensorProto.FLOAT8E4M3FNUZ,
-    torch.float8_e5m2: onnx.TensorProto.FLOAT8E5M2,
-    torch.float8_e5m2fnuz: onnx.TensorProto.FLOAT8E5M2FNUZ,
-}
-_ONNX_TO_TORCH = {v: k for k, v in TORCH_TO_ONNX.items()}
+from sbs_widget.dtypes import numpy_elem_type, onnx_elem_type
 
 
-def onnx_elem_type(dtype: torch.dtype) -> int:
-    """ONNX element type (``onnx.TensorProto.FLOAT`` = 1, ...) of a torch dtype.
+def shape_type(code, shape, letter: str = "T") -> str:
+    """``T1s2x16x64``: ``T`` + element type + ``s`` + the dims joined by ``x`` (``?`` for an unknown
+    rank). The one spelling of a tensor's type in records, the alignment, the ONNX index and
+    ``string_type`` (which writes ``A`` for a numpy array).
 
-    >>> onnx_elem_type(torch.bfloat16)
-    16
+    >>> shape_type(1, (2, 16)), shape_type(7, ()), shape_type(1, None)
+    ('T1s2x16', 'T7s', 'T1s?')
     """
-    try:
-        return TORCH_TO_ONNX[dtype]
-    except KeyError:
-        raise TypeError(f"no ONNX element type for torch dtype {dtype}") from None
-
-
-def torch_dtype(elem_type: int) -> torch.dtype:
-    """Inverse of ``onnx_elem_type``.
-
-    >>> torch_dtype(7)
-    torch.int64
-    """
-    try:
-        return _ONNX_TO_TORCH[elem_type]
-    except KeyError:
-        raise TypeError(f"no torch dtype for ONNX element type {elem_type}") from None
-
-
-def _shape(dims, with_shape: bool) -> str:
-    if not with_shape:
-        return f"r{len(dims)}"
-    return "s" + "x".join(str(d) for d in dims)
+    dims = "?" if shape is None else "x".join(map(str, shape))
+    return f"{letter}{code}s{dims}"
 
 
 def _min_max(t: torch.Tensor) -> str:
@@ -101,20 +61,16 @@ def string_type(obj, with_shape: bool = True, with_min_max: bool = False, with_d
         if o is None:
             return "None"
         if isinstance(o, torch.Tensor):
-            try:
-                itype = str(onnx_elem_type(o.dtype))
-            except TypeError:
-                itype = str(o.dtype).removeprefix("torch.")
-            s = f"T{itype}{_shape(o.shape, with_shape)}"
+            code = onnx_elem_type(o.dtype)
+            itype = str(o.dtype).removeprefix("torch.") if code is None else code
+            s = shape_type(itype, o.shape) if with_shape else f"T{itype}r{o.dim()}"
             if with_device:
                 s = _device(o) + s
             return s + (_min_max(o) if with_min_max else "")
         if isinstance(o, np.ndarray):
-            try:
-                itype = str(onnx.helper.np_dtype_to_tensor_dtype(o.dtype))
-            except Exception:
-                itype = str(o.dtype)
-            s = f"A{itype}{_shape(o.shape, with_shape)}"
+            code = numpy_elem_type(o)
+            itype = str(o.dtype) if code is None else code
+            s = shape_type(itype, o.shape, "A") if with_shape else f"A{itype}r{o.ndim}"
             if with_min_max and o.size and o.dtype.kind in "biuf":
                 s += f"[{o.min():g},{o.max():g}:A{o.astype(np.float64).mean():g}]"
             return s

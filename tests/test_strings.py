@@ -5,11 +5,12 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from sbs_widget import string_type
-from sbs_widget.strings import onnx_elem_type, torch_dtype
+from sbs_widget.dtypes import numpy_dtype, numpy_elem_type, onnx_elem_type, torch_dtype
 
 
 @pytest.mark.parametrize(
@@ -50,5 +51,9 @@ def test_dtype_maps_are_inverse():
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
                   torch.int8, torch.uint8, torch.bool):
         assert torch_dtype(onnx_elem_type(dtype)) is dtype
-    with pytest.raises(TypeError):
-        onnx_elem_type(torch.quint8)
+    # one answer for a type the other side lacks, in every direction: None
+    assert onnx_elem_type(torch.quint8) is None
+    assert torch_dtype(onnx.TensorProto.STRING) is None
+    assert numpy_elem_type([1.0]) is None
+    assert numpy_dtype(onnx.TensorProto.UNDEFINED) is None
+    assert numpy_elem_type(numpy_dtype(onnx.TensorProto.BFLOAT16).type(0)) == onnx.TensorProto.BFLOAT16

@@ -14,7 +14,8 @@ trust:
    reshapes, duplicates, merged constants) or explained (constant-folded, fused, empty); ``absorbed``
    (a fused node took in the end of the value's computation) is found here.
 Every candidate must agree in dtype and shape with the FX node's ``meta["val"]``: a name alone is never
-trusted (names collide across programs, see the field notes).
+trusted: names collide across programs (the optimizer renames values, so a name can denote an unrelated
+value on the other side).
 Inputs and outputs map by position; weights by state-dict key / ``original_node_name``.
 """
 
@@ -25,23 +26,29 @@ import operator
 import torch
 
 from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
+from sbs_widget.align.twinless import (
+    alias_no_ops,
+    alias_reshape_inputs,
+    explain_values_without_twin,
+    pair_duplicates,
+    pair_shared_constants,
+)
+
+# onnx_elem_type is re-exported: the engine (lockstep and its parts) imports it from here
+from sbs_widget.dtypes import (
+    TORCH_TO_ONNX,
+    onnx_elem_type,  # noqa: F401
+)
 from sbs_widget.engine.fx_runner import numel_hint, program_outputs
 from sbs_widget.load.onnx_index import OnnxIndex, ValueType
-from sbs_widget.strings import TORCH_TO_ONNX
-from sbs_widget.align.twinless import (alias_no_ops, alias_reshape_inputs, explain_values_without_twin, pair_duplicates,
-                       pair_shared_constants)
-
-
-def onnx_elem_type(dtype: torch.dtype) -> int:
-    """``strings.onnx_elem_type``, 0 for a dtype ONNX has no type for."""
-    return TORCH_TO_ONNX.get(dtype, 0)
+from sbs_widget.strings import shape_type
 
 
 def fx_shape_type(val) -> str:
-    """Compact description of an FX ``meta['val']`` in the same style as ``ValueType.describe``."""
+    """Compact description of an FX ``meta['val']`` in the same style as ``ValueType.describe``; a
+    dtype ONNX has no type for is written as type 0 (UNDEFINED)."""
     if isinstance(val, torch.Tensor):
-        dims = "x".join(str(d) for d in val.shape)
-        return f"T{onnx_elem_type(val.dtype)}s{dims}"
+        return shape_type(TORCH_TO_ONNX.get(val.dtype, 0), val.shape)
     if isinstance(val, (tuple, list)):
         return "(" + ",".join(fx_shape_type(v) for v in val) + ")"
     if val is None:

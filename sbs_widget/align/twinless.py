@@ -16,7 +16,6 @@ import torch
 from sbs_widget.align.alignment import Alignment, Pair, target_name
 from sbs_widget.load.onnx_index import OnnxIndex
 
-
 # Ops whose output equals their input when shape and dtype are unchanged: the ONNX optimizer removes
 # them, and the value they hold is their input's ONNX twin.
 _VALUE_PRESERVING = {

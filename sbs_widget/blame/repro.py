@@ -25,11 +25,10 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from sbs_widget.errors import InputError
+from sbs_widget.dtypes import ONNX_TO_NUMPY, numpy_elem_type
 from sbs_widget.engine.node_local import ANCHOR, local_model
-from sbs_widget.load.onnx_index import ONNX_TO_NUMPY
+from sbs_widget.errors import InputError
 from sbs_widget.views.safe_text import short_name
-from sbs_widget.engine.segments import numpy_elem_type
 
 OUTPUT = "expected"
 BUNDLE_FILES = ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py",

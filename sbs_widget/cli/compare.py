@@ -12,9 +12,9 @@ import os
 import sys
 import time
 
-from sbs_widget.engine.cancel import INTERRUPTED, Cancel, cli_time_limit, ctrl_c
+from sbs_widget.cli.options import add_model_files, add_runtime, add_time_limit, add_tolerance
+from sbs_widget.engine.cancel import INTERRUPTED, Cancel, ctrl_c
 from sbs_widget.errors import InputError, RunCancelled
-from sbs_widget.engine.tolerance import cli_tolerance
 
 WRITERS = (".csv", ".xlsx", ".parquet", ".html")
 
@@ -23,10 +23,7 @@ def register_cli(sub) -> None:
     p = sub.add_parser("compare", help="compare an ExportedProgram with its ONNX export, value by value",
                        description="Run the .pt2 program and the ONNX model in lockstep and compare every "
                                    "aligned pair of intermediate values.")
-    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
-    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
-    p.add_argument("--inputs", required=True,
-                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
+    add_model_files(p)
     _common(p)
     p.set_defaults(func=_compare)
 
@@ -41,16 +38,13 @@ def register_cli(sub) -> None:
 
 def _common(p) -> None:
     p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
-    p.add_argument("--atol", type=cli_tolerance, default=None,
-                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
-    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
+    add_tolerance(p)
     p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
                    help="FX or ONNX names whose torch value replaces the ONNX one downstream")
     p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
-    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+    add_runtime(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--time-limit", type=cli_time_limit, default=None, metavar="SECONDS",
-                   help="end the run after this long (the records so far are written; exit code 1)")
+    add_time_limit(p)
 
 
 def _check_output(path: str | None) -> None:
@@ -74,8 +68,8 @@ def _compare(args) -> int:
 
 def _demo(args) -> int:
     _check_output(args.output)
-    from sbs_widget.samples.demo import demo_pair
     from sbs_widget.engine.entry import prepare
+    from sbs_widget.samples.demo import demo_pair
 
     ep, model, inputs, fault = demo_pair(fault=not args.no_fault, optimize=args.optimize)
     if fault:
@@ -88,9 +82,9 @@ def _demo(args) -> int:
 def _run_and_report(prepared, inputs, kwargs, args) -> int:
     from tqdm import tqdm
 
+    from sbs_widget.engine.tolerance import describe as describe_tolerance
     from sbs_widget.views.safe_text import visible
     from sbs_widget.views.summary import summarize
-    from sbs_widget.engine.tolerance import describe as describe_tolerance
 
     bar = None if args.quiet else tqdm(total=prepared.n_fx_nodes, unit="node", desc="comparing", file=sys.stderr)
 
@@ -158,10 +152,7 @@ def _write_partial(records, args) -> None:
 
 
 def _print_culprits(records, prepared, args) -> None:
-    try:
-        from sbs_widget.blame.culprits import find_culprits
-    except ImportError:  # the culprit finder is not part of this build
-        return
+    from sbs_widget.blame.culprits import find_culprits
     from sbs_widget.views.safe_text import clipped, visible
 
     found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
@@ -187,12 +178,9 @@ def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4)
         raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
     with atomic_path(path) as tmp:
         if ext == ".html":
-            try:
-                from sbs_widget.views.report import write_html_report
-            except ImportError:  # the widget's report is not part of this build
-                to_dataframe(records).to_html(tmp, index=False, escape=True)
-            else:
-                write_html_report(records, tmp, atol=atol, rtol=rtol)
+            from sbs_widget.views.report import write_html_report
+
+            write_html_report(records, tmp, atol=atol, rtol=rtol)
             return
         df = to_dataframe(records).drop(columns=["histogram"])
         if ext == ".csv":

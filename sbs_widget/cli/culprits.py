@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from sbs_widget.cli.main import check_output_folder, positive_int
-from sbs_widget.engine.tolerance import cli_tolerance
+from sbs_widget.cli.options import add_model_files, add_runtime, add_tolerance
 
 
 def register_cli(sub) -> None:
@@ -39,20 +39,14 @@ def register_cli(sub) -> None:
 
 
 def _files(p) -> None:
-    p.add_argument("--ep", required=True, help="ExportedProgram file (.pt2, torch.export.save)")
-    p.add_argument("--onnx", required=True, help="ONNX model (.onnx; external data next to it)")
-    p.add_argument("--inputs", required=True,
-                   help="inputs saved with torch.save: a tuple of args, a dict of kwargs or (args, kwargs)")
-    p.add_argument("--atol", type=cli_tolerance, default=None,
-                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
-    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
-    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default) or onnx.reference")
+    add_model_files(p)
+    add_tolerance(p)
+    add_runtime(p)
 
 
 def _culprits(args) -> int:
     from sbs_widget.blame.culprits import culprits
     from sbs_widget.engine.entry import prepare
-
     from sbs_widget.views.safe_text import clipped, visible
 
     found = culprits(prepare(args.ep, args.onnx), None, args.inputs, top=args.top, atol=args.atol,
@@ -72,8 +66,8 @@ def _culprits(args) -> int:
 
 
 def _repro(args) -> int:
-    from sbs_widget.engine.entry import prepare
     from sbs_widget.blame.repro import BUNDLE_FILES, export_repro
+    from sbs_widget.engine.entry import prepare
     from sbs_widget.views.safe_text import visible
 
     check_output_folder(args.output, BUNDLE_FILES, args.force)  # before the run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import collections
 
-from sbs_widget.engine.tolerance import cli_tolerance
+from sbs_widget.cli.options import add_model_files, add_tolerance
 
 
 def register_cli(subparsers) -> None:
@@ -17,18 +17,16 @@ def register_cli(subparsers) -> None:
                     "ending that module's scope (torch.onnx.export(..., dynamo=True) models).",
     )
     p.add_argument("--dump", required=True, help="dump file written by steal_forward")
-    p.add_argument("--onnx", required=True, help="ONNX model exported with dynamo=True")
+    add_model_files(p, ep=False, onnx_help="ONNX model exported with dynamo=True", inputs="none")
     p.add_argument("-o", "--output", help="write one row per record; format by extension: .csv, .xlsx, .parquet")
-    p.add_argument("--atol", type=cli_tolerance, default=None,
-                   help="default: 1e-4, or 3e-2 when the dump holds float16 values")
-    p.add_argument("--rtol", type=cli_tolerance, default=None, help="default: as --atol")
+    add_tolerance(p, atol_help="default: 1e-4, or 3e-2 when the dump holds float16 values")
     p.add_argument("--root-iteration", type=int, default=0, help="which call of the top-level module to use")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sbs_widget.cli.main import check_output_file
     from sbs_widget.cli.compare import write_records
+    from sbs_widget.cli.main import check_output_file
     from sbs_widget.dumps.compare import compare_dump
     from sbs_widget.records import MISMATCH, OK
     from sbs_widget.views.safe_text import visible

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from sbs_widget.cli.options import add_model_files, add_tolerance
+
 
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser(
@@ -13,15 +15,12 @@ def register_cli(subparsers) -> None:
         "--inputs, run the comparison first and paint every node by its error.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--ep", required=True, help="ExportedProgram (.pt2, torch.export.save)")
-    p.add_argument("--onnx", required=True, help="ONNX model (.onnx) exported from that program")
-    p.add_argument("--inputs", help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
-                   "without it the graphs are drawn unpainted")
+    add_model_files(p, onnx_help="ONNX model (.onnx) exported from that program", inputs="optional",
+                    inputs_help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
+                                "without it the graphs are drawn unpainted")
     p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write (.html or .htm; the "
                    "graphs are drawn by the page, there is no image output)")
-    p.add_argument("--atol", type=float, default=None,
-                   help="default: 1e-4, or 3e-2 for a float16 program (the precision it computes in)")
-    p.add_argument("--rtol", type=float, default=None, help="default: as --atol")
+    add_tolerance(p)
     p.add_argument("--title", default=None)
     p.set_defaults(func=_run)
 

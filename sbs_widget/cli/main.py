@@ -27,13 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that feature is not part of this build
-                continue
-            raise
-        module.register_cli(sub)
+        importlib.import_module(name).register_cli(sub)
     return parser
 
 
@@ -44,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from sbs_widget.errors import SbsError
-
     from sbs_widget.views.safe_text import visible
 
     try:

@@ -10,47 +10,38 @@ dumped inputs of the top-level module.
 
 from __future__ import annotations
 
-import ast
 from typing import Iterator
 
 import numpy as np
 import onnx
 import torch
 
+from sbs_widget.dtypes import numpy_elem_type, torch_dtype
 from sbs_widget.dumps.steal import ForwardStealer, flatten_tensors, load_dump
-from sbs_widget.errors import InputError, LoadError
 from sbs_widget.engine.metrics import EMPTY_NOTE, beyond_where, compute_errors, same_shape
-from sbs_widget.records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from sbs_widget.engine.runtimes import exact_numpy, ort_array, ort_value
-from sbs_widget.engine.segments import numpy_elem_type
-from sbs_widget.strings import string_type, torch_dtype
 from sbs_widget.engine.tolerance import checked, least_precise_float, resolve
+from sbs_widget.errors import InputError, LoadError
+from sbs_widget.load.onnx_index import SCOPES_KEY, module_paths
+from sbs_widget.records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
+from sbs_widget.strings import string_type
 
-SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 
-
-def _node_scopes(node: onnx.NodeProto) -> list[str] | None:
-    for p in node.metadata_props:
-        if p.key == SCOPE_KEY:
-            try:  # a Python literal written by the exporter; literal_eval never runs code
-                value = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError):
-                return None
-            if isinstance(value, list) and all(isinstance(s, str) for s in value):
-                return value
-    return None
+def _node_modules(node: onnx.NodeProto) -> list[str]:
+    return module_paths(next((p.value for p in node.metadata_props if p.key == SCOPES_KEY), None))
 
 
 def scope_outputs(model: onnx.ModelProto, path: str) -> list[tuple[int, int, str]]:
     """``(node index, output index, value name)`` of the values leaving module ``path``'s scope, in
-    graph order: the last one ends the scope. Empty when no node carries that scope.
+    graph order: the last one ends the scope. Empty when no node carries that scope (or ``path`` is the
+    root, ``""``: its outputs are the graph's).
 
     >>> import onnx
     >>> scope_outputs(onnx.ModelProto(), "decoder")
     []
     """
     graph = model.graph
-    inside = {i for i, n in enumerate(graph.node) if (sc := _node_scopes(n)) and path in sc[:-1]}
+    inside = {i for i, n in enumerate(graph.node) if path in _node_modules(n)}
     consumers: dict[str, list[int]] = {}
     for i, n in enumerate(graph.node):
         for name in n.input:

@@ -19,8 +19,9 @@ import onnx
 import torch
 from torch.utils import _pytree
 
+from sbs_widget.dtypes import onnx_elem_type, torch_dtype
 from sbs_widget.errors import InputError, LoadError, SbsWidgetWarning
-from sbs_widget.strings import onnx_elem_type, string_type, torch_dtype
+from sbs_widget.strings import string_type
 
 METADATA_KEY = "sbs_widget.dump"
 FORMAT_VERSION = 1
@@ -49,9 +50,7 @@ def _encode(obj, tensors: list, unsupported: list, where: str):
     if type(obj) is float:
         return obj if math.isfinite(obj) else {"_t": "float", "v": repr(obj)}
     if isinstance(obj, torch.Tensor):
-        try:
-            onnx_elem_type(obj.dtype)
-        except TypeError:
+        if onnx_elem_type(obj.dtype) is None:  # a dump is an ONNX file: no type, no tensor
             unsupported.append(f"{where} (tensor of dtype {obj.dtype})")
             return {"_t": "unsupported", "type": str(obj.dtype)}
         tensors.append(obj)
@@ -333,10 +332,9 @@ def save_dump(entries: dict, path) -> None:
 
 
 def _tensor_from_proto(proto: onnx.TensorProto) -> torch.Tensor:
-    try:
-        dtype = torch_dtype(proto.data_type)
-    except TypeError as e:
-        raise LoadError(f"dump: tensor {proto.name!r}: {e}") from None
+    dtype = torch_dtype(proto.data_type)
+    if dtype is None:
+        raise LoadError(f"dump: tensor {proto.name!r}: no torch dtype for ONNX element type {proto.data_type}")
     shape = tuple(proto.dims)
     n = math.prod(shape)
     if proto.data_location == onnx.TensorProto.EXTERNAL:

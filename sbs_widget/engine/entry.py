@@ -1,7 +1,7 @@
 """The lockstep engine: run the FX program and the ONNX model side by side and yield one ``Record``
 per aligned pair as soon as both sides have produced it.
 
-Design (see the field notes):
+Design:
 - the FX side is the decomposed program, run node by node (``fx_runner``);
 - the ONNX side runs segment by segment (``segments``): one session per segment, created once and
   cached on the ``Prepared`` object, so reruns (reset experiments) pay nothing again;
@@ -33,13 +33,13 @@ import torch
 
 from sbs_widget.align.pairs import target_name
 from sbs_widget.engine.background import start_threads
-from sbs_widget.errors import InputError, ModelMismatchError, SbsWidgetWarning
-from sbs_widget.load.readers import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
-from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.engine.prepared import Prepared, Progress
-from sbs_widget.records import Record
 from sbs_widget.engine.runtimes import Runtime
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from sbs_widget.errors import InputError, ModelMismatchError, SbsWidgetWarning
+from sbs_widget.load.onnx_index import OnnxIndex
+from sbs_widget.load.readers import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
+from sbs_widget.records import Record
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.engine.segments import SMALL_INITIALIZER, _output_info, _wrap
+from sbs_widget.load.onnx_index import OnnxIndex
 
 MAX_GROUP_NODES = 64
 ANCHOR = "sbs_torch::"
@@ -112,8 +112,9 @@ def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str
             del node.output[:]
             node.output.extend(prefix + o if o else "" for o in src.output)
             nodes.append(node)
-    inputs = [helper.make_tensor_value_info(ANCHOR + a, feed_types[ANCHOR + a], None) for a in plan.anchors]
-    inputs += [helper.make_tensor_value_info(c, feed_types[c], None) for c in plan.big_constants]
+    # None (a feed with no ONNX type, see ``dtypes.numpy_elem_type``) is declared UNDEFINED, as segments do
+    inputs = [helper.make_tensor_value_info(ANCHOR + a, feed_types[ANCHOR + a] or 0, None) for a in plan.anchors]
+    inputs += [helper.make_tensor_value_info(c, feed_types[c] or 0, None) for c in plan.big_constants]
     outputs = []
     for k, g in enumerate(groups):
         vi = _output_info(index, g.value)

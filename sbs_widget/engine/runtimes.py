@@ -18,10 +18,9 @@ import numpy as np
 import onnx
 import torch
 
+from sbs_widget.dtypes import NO_NUMPY_DTYPES, NO_NUMPY_ORT_TYPES, TORCH_TO_ONNX, numpy_dtype, numpy_elem_type
 from sbs_widget.engine.cancel import current_run_options
 from sbs_widget.errors import InputError
-from sbs_widget.engine.segments import numpy_elem_type
-from sbs_widget.strings import TORCH_TO_ONNX
 
 Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 
@@ -74,7 +73,7 @@ class OnnxruntimeRuntime:
         session = self._ort.InferenceSession(data, opts, providers=self.providers)
         ort = self._ort
         # The run's RunOptions (cancel.py): stopping the run or its time limit terminates the call.
-        if not any(v.type in _NO_NUMPY_TYPE for v in session.get_inputs() + session.get_outputs()):
+        if not any(v.type in NO_NUMPY_ORT_TYPES for v in session.get_inputs() + session.get_outputs()):
             def run(feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
                 return session.run(outputs, feeds, current_run_options(ort))
 
@@ -93,16 +92,10 @@ def exact_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as numpy with the same bits: bfloat16 and float8 as their ml_dtypes types (torch's
     ``.numpy()`` refuses them), for a runtime to compute with exactly torch's values."""
     t = t.detach().cpu()
-    if t.dtype not in _NO_NUMPY_DTYPES:
+    if t.dtype not in NO_NUMPY_DTYPES:
         return t.numpy()
     bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.uint8).numpy()
-    return bits.view(onnx.helper.tensor_dtype_to_np_dtype(TORCH_TO_ONNX[t.dtype]))
-
-
-# Types numpy has no dtype for (ml_dtypes, onnx's dependency, has them), and onnxruntime's names of them.
-_NO_NUMPY_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
-                    torch.float8_e5m2fnuz)
-_NO_NUMPY_TYPE = {f"tensor({onnx.TensorProto.DataType.Name(TORCH_TO_ONNX[t]).lower()})" for t in _NO_NUMPY_DTYPES}
+    return bits.view(numpy_dtype(TORCH_TO_ONNX[t.dtype]))
 
 
 def ort_value(ort, array: np.ndarray):
@@ -117,11 +110,11 @@ def ort_value(ort, array: np.ndarray):
 
 def ort_array(value) -> np.ndarray:
     """A numpy array of an OrtValue; bfloat16 / float8 as their ml_dtypes types (a copy of the bytes)."""
-    if value.data_type() not in _NO_NUMPY_TYPE:
+    code = NO_NUMPY_ORT_TYPES.get(value.data_type())
+    if code is None:
         return value.numpy()
-    code = getattr(onnx.TensorProto, value.data_type()[len("tensor("):-1].upper())
     raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
-    return np.frombuffer(bytearray(raw), dtype=onnx.helper.tensor_dtype_to_np_dtype(code)).reshape(value.shape())
+    return np.frombuffer(bytearray(raw), dtype=numpy_dtype(code)).reshape(value.shape())
 
 
 def cores() -> int:

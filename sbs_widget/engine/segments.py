@@ -1,7 +1,7 @@
 """Cutting the ONNX graph into segments run one after the other.
 
 One session with every intermediate as an output is the fastest way to get them all, but it holds
-them all at once (56x the live set on an 8-layer LLaMA, field notes). A few segments, each exposing
+them all at once (56x the live set on an 8-layer LLaMA). A few segments, each exposing
 only what is compared or needed later, keep the speed and bound the memory: values are freed as soon
 as they are compared and no later segment reads them. Resets cut a segment right after the producer
 of the reset value so that downstream nodes read the torch value fed in its place.
@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import helper
 
+# numpy_elem_type is re-exported: the engine (lockstep and its parts) imports it from here
+from sbs_widget.dtypes import numpy_elem_type  # noqa: F401
 from sbs_widget.load.onnx_index import OnnxIndex
 
 # Initializers up to this many elements are copied into segment models (shapes, axes, scalars);
@@ -26,25 +27,6 @@ SMALL_INITIALIZER = 256
 # fed from the torch parameter's memory): the segment transposes it itself, so the copy lives from
 # just before its first reader to its last (onnxruntime frees it then), not through the whole segment.
 TRANSPOSED = "sbs_transposed::"
-
-_NUMPY_TO_ONNX = {np.dtype(k): v for k, v in {
-    np.float32: 1, np.uint8: 2, np.int8: 3, np.uint16: 4, np.int16: 5, np.int32: 6, np.int64: 7,
-    np.bool_: 9, np.float16: 10, np.float64: 11, np.uint32: 12, np.uint64: 13, np.complex64: 14,
-    np.complex128: 15}.items()}
-
-
-def numpy_elem_type(array) -> int:
-    dt = getattr(array, "dtype", None)
-    if dt is None:
-        return 0
-    code = _NUMPY_TO_ONNX.get(dt)
-    if code is not None:
-        return code
-    try:  # ml_dtypes types (bfloat16, float8), as onnx reads them
-        return onnx.helper.np_dtype_to_tensor_dtype(dt)
-    except (KeyError, ValueError, TypeError):
-        return 0
-
 
 @dataclass
 class Segment:
@@ -116,12 +98,13 @@ def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) ->
     model (``SerializedNodes``), a segment joins a slice of them. Building protobuf messages per
     segment held the GIL for ~10 ms a model while the main thread ran the comparison."""
     inputs, transposes = [], []
+    # A feed with no ONNX type (``numpy_elem_type`` -> None) is declared UNDEFINED (0).
     for x in seg.inputs:
         if x in feed_types:
-            inputs.append(helper.make_tensor_value_info(x, feed_types[x], None))
+            inputs.append(helper.make_tensor_value_info(x, feed_types[x] or 0, None))
         else:
             source = TRANSPOSED + x
-            inputs.append(helper.make_tensor_value_info(source, feed_types[source], None))
+            inputs.append(helper.make_tensor_value_info(source, feed_types[source] or 0, None))
             transposes.append(helper.make_node("Transpose", [source], [x], perm=[1, 0]))
     shell = onnx.GraphProto(
         name=f"segment_{seg.start}_{seg.end}",

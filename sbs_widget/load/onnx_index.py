@@ -14,24 +14,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+# ONNX_TO_NUMPY is also re-exported: the engine (lockstep and its parts) imports it from here
+from sbs_widget.dtypes import ONNX_TO_NUMPY
+from sbs_widget.strings import shape_type
+
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
 _FX_TARGET_RE = re.compile(r"call_function\[target=([^\]]+)\]")
 _CALL_TARGET = "call_function[target="
 _QUOTED = re.compile(r"'([^']*)'")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
-_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _RULE_KEY = "pkg.onnxscript.rewriter.rule_name"
 _FOLDED_KEY = "pkg.onnxscript.optimizer.folded_from"
-
-ONNX_TO_NUMPY = {
-    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
-    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
-    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT8: np.int8,
-    onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
-    onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64,
-    onnx.TensorProto.BOOL: np.bool_,
-}
-
 
 @dataclass(slots=True, frozen=True)  # shared by the values of one type (a model has few types)
 class ValueType:
@@ -42,11 +36,7 @@ class ValueType:
         key = (self.elem_type, self.shape)
         text = _DESCRIBED.get(key)
         if text is None:  # a model has few distinct types: each is formatted once
-            if not self.elem_type:
-                text = "?"
-            else:
-                dims = "?" if self.shape is None else "x".join(str(d) for d in self.shape)
-                text = f"T{self.elem_type}s{dims}"
+            text = shape_type(self.elem_type, self.shape) if self.elem_type else "?"
             if len(_DESCRIBED) > 4096:
                 _DESCRIBED.clear()
             _DESCRIBED[key] = text
@@ -75,9 +65,24 @@ def _name_list(text: str) -> list[str]:
         return _QUOTED.findall(text)
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # hostile metadata: no names
         return []
     return [str(v) for v in value] if isinstance(value, (list, tuple, set)) else []
+
+
+def module_paths(scopes: str | None) -> list[str]:
+    """The module paths a node belongs to, outermost first, from its ``pkg.torch.onnx.name_scopes``
+    metadata (``"['', 'decoder', 'decoder.norm1', 'layer_norm']"``: the root ``''``, the module paths,
+    then the node itself). Empty for no metadata or text that is not a list of names (hostile files).
+
+    >>> module_paths("['', 'decoder', 'decoder.norm1', 'layer_norm']")
+    ['decoder', 'decoder.norm1']
+    >>> module_paths("not a list"), module_paths(None)
+    ([], [])
+    """
+    if not scopes:
+        return []
+    return [p for p in _name_list(scopes)[:-1] if p]
 
 
 def _fx_text(props) -> str | None:
@@ -222,16 +227,16 @@ class OnnxIndex:
         return idx
 
     def module_of_node(self, i: int) -> str:
-        """Owning module path from ``pkg.torch.onnx.name_scopes`` (element [-2])."""
+        """Owning module path (the innermost of ``module_paths``), "" for the root or no metadata."""
         props = self.nodes[i].metadata_props
         # the exporter writes the scopes fourth: looked up there first
-        scopes = props[3].value if len(props) > 3 and props[3].key == _SCOPES_KEY else self.node_meta(i, _SCOPES_KEY)
+        scopes = props[3].value if len(props) > 3 and props[3].key == SCOPES_KEY else self.node_meta(i, SCOPES_KEY)
         if not scopes:
             return ""
         cache = self.__dict__.setdefault("_scopes", {})
         if scopes not in cache:
-            parts = _name_list(scopes)
-            cache[scopes] = parts[-2] if len(parts) >= 2 else ""
+            paths = module_paths(scopes)
+            cache[scopes] = paths[-1] if paths else ""
         return cache[scopes]
 
     def node_meta(self, i: int, key: str) -> str | None:

@@ -4,8 +4,9 @@
 - ONNX ModelProto or path, external data included.
 - Inputs as args/kwargs or a ``torch.save``d file (loaded with ``weights_only=True``: files are untrusted).
 - The *decomposed* program: the user's ExportedProgram after the exporter's own decompositions, which
-  is the program the ONNX model was translated from (field notes: align against it, never by name
-  against the user's program). Computing it costs seconds, so it is cached per program object.
+  is the program the ONNX model was translated from: values are aligned against it, never by name
+  against the user's program, whose nodes the decompositions replaced. Computing it costs seconds, so
+  it is cached per program object.
 """
 
 from __future__ import annotations

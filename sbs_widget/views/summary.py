@@ -1,5 +1,6 @@
 """What a run amounts to: pairs compared, coverage of the user's program, worst pair, first pair
-beyond tolerance. Used by the CLI, the benchmarks and the widget."""
+beyond tolerance. Used by the CLI (``compare``, ``demo``) and the benchmarks; the widget keeps its own
+per-run counts as records arrive (``views/runs.py``, ``Run.summary``)."""
 
 from __future__ import annotations
 
