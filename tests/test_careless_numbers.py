@@ -178,7 +178,7 @@ def test_run_aligned_prepare_and_culprits_refuse_a_nan_tolerance(token_model):
     with pytest.raises(InputError, match=r"rtol=inf"):
         prepared.tolerance(rtol=float("inf"))
     with pytest.raises(InputError, match=r"atol=nan"):
-        sbs_widget.blame.culprits(prepared, None, (x,), atol=float("nan"))
+        sbs_widget.culprits(prepared, None, (x,), atol=float("nan"))
     with pytest.raises(InputError, match=r"atol=nan"):  # before the dump is even read
         list(compare_dump("no such dump.onnx", None, atol=float("nan"), rtol=1e-4))
 

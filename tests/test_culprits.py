@@ -45,7 +45,7 @@ def test_culprit_fields_and_reason():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     node = node_named(prog.model_proto, "LayerNormalization", -1)
     bad = faults.set_attribute(prog.model_proto, node.name, "epsilon", 0.5)
-    found = sbs_widget.blame.culprits(ep, bad, args, kwargs, top=3)
+    found = sbs_widget.culprits(ep, bad, args, kwargs, top=3)
     c = found[0]
     assert c.onnx_node == node.name and c.onnx_op_type == "LayerNormalization"
     assert c.ep_name and c.ep_target and c.module and 0 < c.score <= 1
@@ -53,7 +53,7 @@ def test_culprit_fields_and_reason():
     assert "; beyond tolerance at [" in c.reason  # where in the value (records' err_where)
     assert set(c.to_dict()) >= {"onnx_node", "onnx_name", "onnx_op_type", "ep_name", "ep_target", "module",
                                 "score", "reason"}
-    assert sbs_widget.blame.culprits(ep, prog.model_proto, args, kwargs) == []
+    assert sbs_widget.culprits(ep, prog.model_proto, args, kwargs) == []
     assert sbs_widget.find_culprits([]) == []
 
 
@@ -73,7 +73,7 @@ def test_a_difference_in_fully_masked_rows_is_located(optimize):
     mask[0, 0, 0] = False  # batch item 0, query 0: every key masked
     args = (q, k, v, mask)
     ep, prog = export_module(_MaskedAttention(), args, optimize=optimize)
-    found = sbs_widget.blame.culprits(ep, prog.model_proto, args)
+    found = sbs_widget.culprits(ep, prog.model_proto, args)
     if not found:
         pytest.skip("this exporter matches torch on fully masked rows")
     c = found[0]
@@ -85,7 +85,7 @@ def test_cast_names_the_cast():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     value = node_named(prog.model_proto, "MatMul", -2).output[0]
     bad = faults.insert_cast(prog.model_proto, value)
-    c = sbs_widget.blame.culprits(ep, bad, args, kwargs)[0]
+    c = sbs_widget.culprits(ep, bad, args, kwargs)[0]
     assert c.kind == "cast" and c.onnx_node == f"{value}__cast_low" and c.onnx_name == value
     assert "float16" in c.reason
 
@@ -95,7 +95,7 @@ def test_repro_bundle_replays_the_error(tmp_path):
     node = node_named(prog.model_proto, "Add", -1)
     bad = faults.replace_op(prog.model_proto, node.name, "Sub")
     p = prepare(ep, bad)
-    c = sbs_widget.blame.culprits(p, None, args, kwargs)[0]
+    c = sbs_widget.culprits(p, None, args, kwargs)[0]
     bundle = sbs_widget.export_repro(p, args, c, str(tmp_path / "b"), kwargs=kwargs)
     for f in ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py"):
         assert (tmp_path / "b" / f).exists()

@@ -630,7 +630,7 @@ def test_records_beyond_tolerance_say_where_the_difference_lies():
     assert "beyond tolerance at [4] (1 of 6)" in "\n".join(summarize(records, prepare(ep, bad)).lines())
     with pytest.raises(sbs_widget.ToleranceExceeded, match=r"beyond tolerance at \[4\] \(1 of 6\)"):
         list(sbs_widget.run_aligned(ep, bad, args, exc=True))
-    culprit = sbs_widget.blame.culprits(ep, bad, args)[0]
+    culprit = sbs_widget.culprits(ep, bad, args)[0]
     assert culprit.kind == "weight" and "by 1 at [4] (1 of 6)" in culprit.reason
 
 
@@ -648,10 +648,10 @@ def test_default_tolerance_follows_the_programs_precision():
     assert all(r.status != "mismatch" for r in sbs_widget.run_aligned(ep, prog.model_proto, args))
     strict = list(sbs_widget.run_aligned(ep, prog.model_proto, args, atol=1e-4, rtol=1e-4))
     assert any(r.status == "mismatch" for r in strict), "float16 rounding exceeds the float32 default"
-    assert sbs_widget.blame.culprits(ep, prog.model_proto, args) == []
+    assert sbs_widget.culprits(ep, prog.model_proto, args) == []
     target = node_named(prog.model_proto, "Gemm", 0)
     bad = faults.set_attribute(prog.model_proto, target.name, "alpha", 0.9)
-    assert sbs_widget.blame.culprits(ep, bad, args)[0].onnx_node == target.name
+    assert sbs_widget.culprits(ep, bad, args)[0].onnx_node == target.name
 
 
 def test_tolerances_apply_without_verbosity():
@@ -840,12 +840,12 @@ def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_
     TRANSPOSE_IN_SEGMENT_BYTES the segment is fed the torch parameter itself and transposes it (no
     copy held for the whole segment): the records, resets and node-local errors are exactly those of
     a run fed the file's layout."""
-    from sbs_widget.engine import prepared
+    from sbs_widget.engine import weights
     from sbs_widget.engine.segments import TRANSPOSED
 
     torch.manual_seed(0)
     width = 256  # 256 kB weights
-    assert width * width * 4 >= prepared.TRANSPOSE_IN_SEGMENT_BYTES
+    assert width * width * 4 >= weights.TRANSPOSE_IN_SEGMENT_BYTES
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width),
                                 torch.nn.Tanh(), torch.nn.Linear(width, 8))
     x = torch.randn(2, 3, width)
@@ -870,7 +870,7 @@ def test_big_weights_stored_transposed_are_transposed_by_the_segment_from_torch_
     assert next(s for _, _, o, s, _, _ in runs[1] if o == reset_name) == "reset"
     assert any(loc is not None for *_, loc in runs[2])
     # The same runs with every weight fed in the file's layout (copied transposes, as below the threshold).
-    monkeypatch.setattr(prepared, "TRANSPOSE_IN_SEGMENT_BYTES", 1 << 62)
+    monkeypatch.setattr(weights, "TRANSPOSE_IN_SEGMENT_BYTES", 1 << 62)
     p2 = prepare(ep, prog.model_proto)
     assert not [n for n in p2.index.initializers if p2.weights().transposed_source(n) is not None]
     assert runs == [measured(p2.run((x,), {})), measured(p2.run((x,), {}, reset_names=[reset_name])),

@@ -89,8 +89,8 @@ def test_culprits_repro_and_suggested_resets_on_the_inputs_device(tmp_path, devi
     ep, prog, args, kwargs = exported("dummy_llm", True)
     node = node_named(prog.model_proto, "Add", -1)
     p = prepare(ep, faults.replace_op(prog.model_proto, node.name, "Sub"))
-    c = sbs_widget.blame.culprits(p, None, _to(device, args), _to(device, kwargs))[0]
-    assert c.onnx_node == node.name == sbs_widget.blame.culprits(p, None, args, kwargs)[0].onnx_node
+    c = sbs_widget.culprits(p, None, _to(device, args), _to(device, kwargs))[0]
+    assert c.onnx_node == node.name == sbs_widget.culprits(p, None, args, kwargs)[0].onnx_node
     bundle = sbs_widget.export_repro(p, _to(device, args), c, str(tmp_path / "b"), kwargs=_to(device, kwargs))
     assert c.err_local > 1e-3 and abs(bundle.err_abs - c.err_local) <= 0.1 * c.err_local
     saved = torch.load(tmp_path / "b" / "inputs.pt", weights_only=True)  # readable without a GPU

@@ -21,7 +21,9 @@ from sbs_widget.errors import InputError, ModelMismatchError
 from sbs_widget.engine.fx_runner import (check_inputs, dead_nodes, flat_inputs, last_uses, on_inputs_device,
                         program_outputs, small_nodes)
 from sbs_widget.engine.node_local import LocalGroup, build_group
-from sbs_widget.engine.lockstep import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, LockstepRun
+from sbs_widget.engine.lockstep import LockstepRun
+from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, ReleasePlan, release_plan
+from sbs_widget.engine.weights import Weights
 from sbs_widget.load.readers import load_inputs
 from sbs_widget.load.onnx_checks import check_input_shapes
 from sbs_widget.load.onnx_index import OnnxIndex
@@ -89,7 +91,7 @@ class Prepared:
         self._segment_records: dict[tuple[int, int], list[tuple]] = {}
         self._weight_records: list[tuple] | None = None
         self._plans: dict[tuple, list[tuple[int, int]]] = {}  # (cuts, most nodes) -> segment ranges
-        self.run_plans: dict[tuple, tuple] = {}  # (segment ranges, node_local) -> LockstepRun's release plan
+        self._release_plans: dict[tuple, ReleasePlan] = {}  # (segment ranges, node_local) -> plan
         self.notes: list[str] = []  # what limits this comparison, said once (e.g. no exporter metadata)
         self._check_outputs()
 
@@ -153,11 +155,19 @@ class Prepared:
         """FX nodes no output depends on (they have no ONNX node: said in their records)."""
         return dead_nodes(self.decomposed_ep.graph)
 
-    def weights(self) -> "_Weights":
+    def weights(self) -> Weights:
         """The ONNX file's initializers as numpy arrays, shared by every segment."""
         if self._weights is None:
-            self._weights = _Weights(self)
+            self._weights = Weights(self)
         return self._weights
+
+    def release_plan(self, ranges: list[tuple[int, int]], node_local: bool) -> ReleasePlan:
+        """When a run cut into ``ranges`` may release torch values (worked out once per cut)."""
+        key = (tuple(ranges), node_local)
+        plan = self._release_plans.get(key)
+        if plan is None:
+            plan = self._release_plans[key] = release_plan(self, ranges, node_local)
+        return plan
 
     def group(self, value: str) -> LocalGroup | None:
         if value not in self._groups:
@@ -360,109 +370,6 @@ class Prepared:
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
                     histogram, segment_nodes, keep_sessions, device, cancel).records()
-
-
-# From this size on, a weight stored transposed is transposed by the segment (onnxruntime, in the
-# runner thread, alive until its last reader) rather than copied here for the whole segment: on a
-# 6-layer LLaMA of hidden size 1024 (4-11 MB weights) the first run took 1.29 s instead of 1.49 and
-# peaked 28 MB lower; on a 16-layer one of hidden size 64 (16-45 kB) the 113 Transpose nodes cost
-# 8 ms of session building and 0.85 MB of sessions for copies that were cheap (below malloc's mmap
-# threshold, no page faults). (Medians of fresh processes, measured side by side.)
-TRANSPOSE_IN_SEGMENT_BYTES = 128 * 1024
-
-
-class _Weights:
-    """The ONNX file's initializers, as a read-only mapping name -> numpy array.
-
-    An initializer bitwise equal to the torch parameter it comes from (or to its transpose, the
-    optimizer's folded weights) is served from the parameter's memory instead of a second copy: the
-    ONNX side still computes with exactly the file's values, and the weights are held once.
-    """
-
-    def __init__(self, p: "Prepared"):
-        self._arrays: dict[str, np.ndarray] = {}
-        self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
-        self._finite: set[str] = set()  # served from torch's memory, every value finite
-        params = {**p.decomposed_ep.state_dict, **{k: v for k, v in p.decomposed_ep.constants.items()
-                                                    if isinstance(v, torch.Tensor)}}
-        twins: dict[str, tuple[str, bool]] = {}
-        for w in p.alignment.weights:
-            if w.onnx_name and w.comparable:
-                twins[w.onnx_name] = (w.key, False)
-        for name in p.index.initializers:
-            src = p.index.folded_from(name)
-            if name not in twins and len(src) == 1 and src[0] in params:
-                twins[name] = (src[0], True)
-        for name in p.index.initializers:
-            arr, raw = p.index.initializer_data(name)
-            twin = twins.get(name)
-            if twin is not None and twin[0] in params and arr.size > 1024:
-                t = params[twin[0]].detach()
-                if t.device.type == "cpu" and t.dtype != torch.bfloat16:
-                    view = t.numpy()
-                    view = view.T if twin[1] and view.ndim == 2 else view
-                    if view.shape == arr.shape and view.dtype == arr.dtype and _same_bits(view, arr, raw):
-                        self._views[name] = (t, twin[1] and view.ndim == 2)
-                        if view.dtype.kind != "f" or np.isfinite(view).all():
-                            self._finite.add(name)
-                        continue
-            self._arrays[name] = arr
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name in self._arrays:
-            return self._arrays[name]
-        t, transposed = self._views[name]
-        # A transposed view is made contiguous for the runtime: a copy alive for one segment only.
-        return np.ascontiguousarray(t.numpy().T) if transposed else t.numpy()
-
-    def __contains__(self, name) -> bool:
-        return name in self._arrays or name in self._views
-
-    def transposed_source(self, name: str) -> np.ndarray | None:
-        """For a big initializer stored as the transpose of a torch parameter: that parameter's
-        memory (no copy), for a segment to transpose itself; None for any other initializer."""
-        view = self._views.get(name)
-        if view is None or not view[1] or view[0].nbytes < TRANSPOSE_IN_SEGMENT_BYTES:
-            return None
-        return view[0].numpy()
-
-    def is_exactly(self, name: str, tensor) -> bool:
-        """Whether initializer ``name`` holds exactly ``tensor``'s values, with no NaN or Inf: it is
-        served from the memory ``tensor`` views, in ``tensor``'s layout (a transposed twin: the
-        transposed view the program makes of it). The pair's errors are 0 without measuring."""
-        if name not in self._finite or type(tensor) not in _PLAIN_TENSORS:  # not a subclass with other storage
-            return False
-        t, transposed = self._views[name]
-        if tensor.data_ptr() != t.data_ptr() or tensor.dtype != t.dtype:
-            return False
-        if transposed:
-            return tensor.shape == t.shape[::-1] and tensor.stride() == t.stride()[::-1]
-        return tensor.shape == t.shape and tensor.stride() == t.stride()
-
-    def __iter__(self):
-        yield from self._arrays
-        yield from self._views
-
-    def __len__(self) -> int:
-        return len(self._arrays) + len(self._views)
-
-    def keys(self):
-        return list(self)
-
-    @property
-    def shared(self) -> int:
-        """How many initializers are served from torch's memory."""
-        return len(self._views)
-
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # a program's weights are Parameters
-
-
-def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None) -> bool:
-    """Whether ``view`` (torch's memory) holds exactly the file's values, bit for bit: -0.0 is not
-    0.0 to the runtime (1/x), and equal NaNs are equal. Compared as bytes: one copy and a memcmp,
-    ~2x faster than an element-wise comparison on transposed views."""
-    return view.tobytes() == (raw if raw is not None else arr.tobytes())  # tobytes: C order, any layout
 
 
 def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:

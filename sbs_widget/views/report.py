@@ -13,7 +13,6 @@ import html
 import json
 import pathlib
 
-from sbs_widget.views.rows import ROW_COLUMNS
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
 _STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
@@ -62,20 +61,19 @@ def _script_json(value) -> str:
     return text
 
 
-def report_data(widget) -> dict:
+def report_data(runs, state: dict) -> dict:
     """``{"state", "runs"}``: what the page's static model serves (every run, its rows as arrays)."""
     from sbs_widget.views.rows import encode_rows
 
-    state = widget.get_state()
     data_state = {k: state[k] for k in _STATE_KEYS}
-    data_state["columns"] = list(ROW_COLUMNS)
-    runs = {str(run.id): json.loads(encode_rows(run.records)) for run in widget.runs}
-    return {"state": data_state, "runs": runs}
+    return {"state": data_state, "runs": {str(run.id): json.loads(encode_rows(run.records)) for run in runs}}
 
 
 def write_html_report(records, path, *, title: str = "sbs_widget report", atol: float | None = None,
-                      rtol: float | None = None) -> pathlib.Path:
-    """Write ``records`` (a list of ``Record`` or an ``SbsWidget``) as a self-contained HTML page.
+                      rtol: float | None = None, reset_names=(), fx_dot: str = "", onnx_dot: str = "",
+                      prepared=None) -> pathlib.Path:
+    """Write ``records`` (a list of ``Record``, of finished ``Run``s, or an ``SbsWidget``) as a
+    self-contained HTML page.
 
     >>> import sbs_widget, tempfile, os
     >>> from sbs_widget.views.report import write_html_report
@@ -83,26 +81,27 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
     >>> p.stat().st_size > 10_000
     True
     """
-    from sbs_widget.views.widget import SbsWidget
+    from sbs_widget.views.runs import Run
+    from sbs_widget.views.safe_text import atomic_path
+    from sbs_widget.views.view_state import finished_run, view_state
 
-    if isinstance(records, SbsWidget):
-        widget = records
-        if atol is not None or rtol is not None:
-            widget = SbsWidget.from_records(widget.records, atol=atol if atol is not None else widget.atol,
-                                            rtol=rtol if rtol is not None else widget.rtol, title=title)
-    else:
-        widget = SbsWidget.from_records(list(records), atol=1e-4 if atol is None else atol,
-                                        rtol=1e-4 if rtol is None else rtol, title=title)
-    data = report_data(widget)
-    data["state"]["title"] = title
+    if hasattr(records, "save_html"):  # a widget: its runs, as it shows them
+        w = records
+        return write_html_report(w.runs, path, title=title, atol=w.atol if atol is None else atol,
+                                 rtol=w.rtol if rtol is None else rtol, reset_names=w.reset_names,
+                                 fx_dot=w.fx_dot, onnx_dot=w.onnx_dot, prepared=w._prepared)
+    records = list(records)
+    atol, rtol = 1e-4 if atol is None else atol, 1e-4 if rtol is None else rtol
+    runs = records if records and all(isinstance(r, Run) for r in records) else \
+        [finished_run(records, atol=atol, rtol=rtol, reset_names=reset_names)]
+    state = view_state(runs, title=title, atol=atol, rtol=rtol, reset_names=reset_names, fx_dot=fx_dot,
+                       onnx_dot=onnx_dot, prepared=prepared)
     page = _PAGE.format(
         title=html.escape(title),
-        data=_script_json(data),
+        data=_script_json(report_data(runs, state)),
         bundle=base64.b64encode(_BUNDLE.read_bytes()).decode("ascii"),
     )
     path = pathlib.Path(path)
-    from sbs_widget.views.safe_text import atomic_path
-
     with atomic_path(path) as tmp:  # a failed write leaves no half page
         pathlib.Path(tmp).write_text(page, encoding="utf-8")
     return path

@@ -19,8 +19,9 @@ from sbs_widget.engine.cancel import check_time_limit
 from sbs_widget.errors import SbsWidgetWarning
 from sbs_widget.records import to_dataframe
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
-from sbs_widget.views.rows import ROW_COLUMNS, compare_runs, encode_rows
+from sbs_widget.views.rows import ROW_COLUMNS, encode_rows
 from sbs_widget.views.runs import DONE, FAILED, RUNNING, STOPPED, Run, Runner
+from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
 
 _STATIC = pathlib.Path(__file__).parent.parent / "static"
 PAGE_ROWS = 25_000  # most rows per get_rows answer (about 5 MB): a 50,000-row run arrives in a few messages
@@ -106,10 +107,7 @@ class SbsWidget(anywidget.AnyWidget):
                      reset_names=()) -> "SbsWidget":
         """A view of records computed elsewhere (a saved run, the CLI); Rerun is not available."""
         w = cls(autostart=False, atol=atol, rtol=rtol, title=title)
-        run = Run(id=0, reset_names=frozenset(reset_names), atol=atol, rtol=rtol)
-        for r in records:
-            run.add(r)
-        run.status = DONE
+        run = finished_run(records, atol=atol, rtol=rtol, reset_names=reset_names)
         w._runs.append(run)
         w.run_id = run.id
         w._publish(run, final=True)
@@ -191,7 +189,12 @@ class SbsWidget(anywidget.AnyWidget):
         """Write the current run as a self-contained offline HTML page (see ``report.write_html_report``)."""
         from sbs_widget.views.report import write_html_report
 
-        return write_html_report(self, path, title=title or self.title or "sbs_widget report")
+        runs = self.runs
+        if not runs:
+            raise SbsError("nothing to save yet: start a run first (w.rerun())")
+        return write_html_report(runs, path, title=title or self.title or "sbs_widget report", atol=self.atol,
+                                 rtol=self.rtol, reset_names=self.reset_names, fx_dot=self.fx_dot,
+                                 onnx_dot=self.onnx_dot, prepared=self._prepared)
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -253,30 +256,7 @@ class SbsWidget(anywidget.AnyWidget):
                         self.status = run.status
 
     def _progress_of(self, run: Run, n_rows: int) -> dict:
-        prepared = self._prepared
-        fx_total = run.fx_total or getattr(prepared, "n_fx_nodes", 0) or 0
-        fx_done = fx_total if run.status == DONE and fx_total else run.fx_done
-        eta = None
-        if run.status == RUNNING and fx_done and fx_total > fx_done:
-            eta = run.elapsed * (fx_total - fx_done) / fx_done
-        return {
-            "run": run.id,
-            "atol": run.atol,  # the run's own tolerances: the view recolors against them exactly
-            "rtol": run.rtol,
-            "n_rows": n_rows,
-            "fx_done": fx_done,
-            "fx_total": fx_total,
-            "onnx_done": len(run.onnx_nodes_seen),
-            "onnx_total": getattr(prepared, "n_onnx_nodes", 0) or 0,
-            "current": run.current,
-            "elapsed": round(run.elapsed, 3),
-            "eta": None if eta is None else round(eta, 2),
-            "counts": dict(run.counts),
-            "worst": run.summary()["worst_err"],
-            "worst_name": run.summary()["worst_name"],
-            "worst_i": run.worst_i,
-            "finished": run.finished,
-        }
+        return progress_state(run, self._prepared, n_rows)
 
     @traitlets.validate("atol", "rtol")
     def _valid_tolerance(self, proposal) -> float:
@@ -288,14 +268,7 @@ class SbsWidget(anywidget.AnyWidget):
             self._update_compare()
 
     def _update_culprits(self, run: Run) -> None:
-        from sbs_widget.blame.culprits import find_culprits
-
-        try:
-            found = find_culprits(run.records, prepared=self._prepared, atol=run.atol, rtol=run.rtol)
-        except Exception as e:  # a failed culprit search must not cost the comparison
-            warnings.warn(f"culprits unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
-            found = []
-        self.culprits = [dict(c.to_dict(), i=c.record) for c in found]
+        self.culprits = culprits_state(run, self._prepared)
 
     def export_repro(self, name, folder):
         """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
@@ -306,10 +279,7 @@ class SbsWidget(anywidget.AnyWidget):
                             atol=self.atol, rtol=self.rtol)
 
     def _update_compare(self) -> None:
-        if len(self._runs) < 2:
-            self.compare = {}
-            return
-        self.compare = compare_runs(self._runs[-2], self._runs[-1], self.atol, self.rtol)
+        self.compare = compare_state(self._runs, self.atol, self.rtol)
 
     # --- messages from the view --------------------------------------------------------------
 

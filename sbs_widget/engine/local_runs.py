@@ -1,0 +1,120 @@
+"""Node-local errors of a lockstep run: each ONNX node (or fused group) of a segment run again on
+torch inputs, all groups of a segment in one session."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from sbs_widget.engine.cancel import where_in
+from sbs_widget.engine.node_local import ANCHOR, LocalGroup, local_model
+from sbs_widget.engine.metrics import (as_numpy, compute_errors_many,
+                      same_shape)
+from sbs_widget.records import Record
+from sbs_widget.engine.segments import SMALL_INITIALIZER, Segment, numpy_elem_type
+
+if TYPE_CHECKING:
+    pass
+
+class NodeLocalRuns:
+    """Mixin of ``LockstepRun`` (its state is the run's)."""
+
+    def _run_local(self, seg: Segment) -> dict[str, np.ndarray]:
+        """Node-local values for the compared values of ``seg`` (one session for all groups)."""
+        p = self.p
+        env = self.runner.env
+        groups = [g for g in self._local_groups(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)]
+        if not groups:
+            return {}
+        feeds: dict[str, np.ndarray] = {}
+        try:
+            for g in groups:
+                for a in g.anchors:
+                    if ANCHOR + a not in feeds:
+                        feeds[ANCHOR + a] = self._to_feed(env[p.alignment.onnx_to_fx[a]], a)
+                for c in g.constants:
+                    if c not in feeds and self._is_big(c):
+                        feeds[c] = p.weights()[c]
+        except (TypeError, ValueError):
+            return {}
+        key, build = self._local_piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
+        self.used.append(key)
+        try:
+            fn = p.compiled(self.rt, key, build)
+            outs = self.cancel.call(fn, feeds, [g.output_name(k) for k, g in enumerate(groups)])
+        except Exception as e:
+            self.cancel.check(lambda: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
+            return self._run_local_one_by_one(groups, feeds)
+        return {g.value: o for g, o in zip(groups, outs)}
+
+    def _local_groups(self, seg: Segment) -> list[LocalGroup]:
+        """The node-local groups of the compared values of ``seg``."""
+        p = self.p
+        groups = []
+        for i in range(seg.start, seg.end):
+            for o in p.index.node_outputs[i]:
+                if o and o in p.alignment.onnx_to_fx and p.index.op_types[i] != "Constant":
+                    g = p.group(o)
+                    if g is not None:
+                        groups.append(g)
+        return groups
+
+    def _local_piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
+        key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
+        return key, lambda: local_model(self.p.index, groups, types)[0]
+
+    def _local_ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
+        """The node-local piece of ``seg`` as a run will ask for it: every group's anchors fed from
+        torch, typed as the ONNX model declares them (None when a type is unknown)."""
+        p = self.p
+        groups = self._local_groups(seg)
+        types: dict[str, int] = {}
+        for g in groups:
+            for a in g.anchors:
+                types[ANCHOR + a] = p.index.types[a].elem_type if a in p.index.types else 0
+            for c in g.constants:
+                if self._is_big(c):
+                    types[c] = p.index.initializers[c].data_type
+        if not groups or not all(types.values()):
+            return None
+        return self._local_piece(seg, groups, types)
+
+    def _is_big(self, name: str) -> bool:
+        return self.p.index.initializer_numel(name) > SMALL_INITIALIZER
+
+    def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
+        out = {}
+        for g in groups:
+            sub = {ANCHOR + a: feeds[ANCHOR + a] for a in g.anchors}
+            sub.update({c: feeds[c] for c in g.constants if c in feeds})
+            types = {k: numpy_elem_type(v) for k, v in sub.items()}
+            key = ("local1", g.value, tuple(sorted(types.items())))
+            self.used.append(key)
+            try:
+                fn = self.p.compiled(self.rt, key, lambda: local_model(self.p.index, [g], types)[0])
+                out[g.value] = self.cancel.call(fn, sub, [g.output_name(0)])[0]
+            except Exception:
+                self.cancel.check(f"at the node-local run of ONNX value {g.value!r}")
+                continue
+        return out
+
+    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> None:
+        """err_local: the torch value against the ONNX node run on torch inputs."""
+        env, reshaped = self.runner.env, self.p.alignment.reshaped
+        pairs, recs = [], []
+        for rec, fx_name, o in items:
+            try:
+                got = np.asarray(local[o]).reshape(self.onnx_shapes.get(o, np.shape(local[o])))
+                expected = as_numpy(env[fx_name])
+                if rec.ep_name in reshaped:
+                    expected = expected.reshape(got.shape)
+            except (RuntimeError, ValueError, TypeError):
+                continue
+            if same_shape(expected, got):
+                pairs.append((expected, got))
+                recs.append(rec)
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol,
+                                                                   scratch=self.scratch)):
+            # a node turning -inf into +inf on torch inputs creates an error too
+            rec.err_local = err.err_abs if not err.err_nan else float("inf")

@@ -1,0 +1,65 @@
+"""What a lockstep run follows, worked out once per cut of the ONNX graph and kept by the ``Prepared``
+pair (``Prepared.release_plan``): what comes after each FX node, and when torch values may go."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.prepared import Prepared
+
+# What follows an FX node's run (``Prepared.fx_after``): nothing (not a call), its time only (its
+# twin is compared with its segment), a one-sided record, or a comparison with a folded initializer.
+FX_SKIP, FX_TIMED, FX_ONE_SIDED, FX_FOLDED = 0, 1, 2, 3
+
+
+class ReleasePlan(NamedTuple):
+    """When torch values may go, for a run cut into segments."""
+
+    segment_of_node: list[int]  # the segment of each ONNX node
+    fx_release: dict[str, int]  # FX value -> last segment comparing it or feeding a node-local group with it
+    fx_need: list[int]  # per segment, the last FX position it needs
+    release_at: list[list[str]]  # per segment, the FX values it releases
+    single: list[bool]  # per segment, whether the FX stretch computed for it runs on one thread
+
+
+def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) -> ReleasePlan:
+    """The ``ReleasePlan`` of a run of ``p`` cut into ``ranges``."""
+    idx = p.index
+    segment_of_node = [0] * len(idx.nodes)
+    for s, (a, b) in enumerate(ranges):
+        segment_of_node[a:b] = [s] * (b - a)
+    # The engine's own hold on torch values: until the segment that compares them (or feeds them to a
+    # node-local group) is done.
+    fx_release: dict[str, int] = {}
+    fx_need: list[int] = [-1] * len(ranges)
+    for fx_name, pair in p.alignment.pairs.items():
+        v = pair.onnx_value
+        if v in idx.producer:
+            s = segment_of_node[idx.producer[v]]
+            fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
+            fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
+            if node_local:
+                g = p.group(v)
+                if g is not None:
+                    for a in g.anchors:
+                        f = p.alignment.onnx_to_fx[a]
+                        fx_release[f] = max(fx_release.get(f, -1), s)
+    for fx_name, v in p.alignment.alias_of.items():
+        if fx_name in p.alignment.duplicate_of or fx_name in p.alignment.reshaped:
+            continue  # measured with its twin's torch value
+        s = segment_of_node[idx.producer[v]]
+        fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
+        fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
+    for fx_name, _ in p.alignment.output_pairs:
+        if fx_name:
+            fx_release[fx_name] = len(ranges)  # kept for the output records
+    release_at: list[list[str]] = [[] for _ in range(len(ranges) + 1)]
+    for name, s in fx_release.items():
+        release_at[min(s, len(ranges))].append(name)
+    # whether the FX stretch computed for each segment runs on one thread (small ops only)
+    single, done = [], -1
+    for need in fx_need:
+        single.append(all(i in p.small_fx_nodes for i in range(done + 1, need + 1)))
+        done = max(done, need)
+    return ReleasePlan(segment_of_node, fx_release, fx_need, release_at, single)
