@@ -8,12 +8,11 @@ import os
 import onnx
 import pytest
 import torch
+from engine_models import export_module, exported
 
 import sbs_widget
 from sbs_widget.cli.main import main as cli_main
 from sbs_widget.engine.entry import prepare
-
-from engine_models import export_module, exported
 
 
 class Small(torch.nn.Module):
@@ -146,7 +145,8 @@ def test_inputs_file_holding_no_inputs(small, tmp_path, data):
 def test_inputs_file_with_a_number_or_string_for_a_tensor(small, tmp_path, value):
     ep, model, x = small
     torch.save((value,), tmp_path / "in.pt")
-    with pytest.raises(sbs_widget.InputError, match=f"to be a tensor, but got <class .{type(value).__name__}.>.*expects 1 user inputs"):
+    got = f"to be a tensor, but got <class .{type(value).__name__}.>.*expects 1 user inputs"
+    with pytest.raises(sbs_widget.InputError, match=got):
         list(sbs_widget.run_aligned(ep, model, tmp_path / "in.pt"))
 
 

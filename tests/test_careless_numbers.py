@@ -10,16 +10,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from engine_models import export_module
 from onnx import numpy_helper
 
 import sbs_widget
-from sbs_widget.engine import metrics
-from sbs_widget.errors import InputError
-from sbs_widget.engine.metrics import EMPTY_NOTE, beyond_where, compute_errors, compute_errors_many
 from sbs_widget.dumps.compare import compare_dump
+from sbs_widget.engine import metrics
+from sbs_widget.engine.metrics import EMPTY_NOTE, beyond_where, compute_errors, compute_errors_many
 from sbs_widget.engine.tolerance import cli_tolerance, resolve, valid_tolerance
-
-from engine_models import export_module
+from sbs_widget.errors import InputError
 
 BAD_TOLERANCES = [float("nan"), float("inf"), -float("inf"), -1, -1e-9, "1e-4", True, [1e-4],
                   np.float32("nan"), 1j]

@@ -9,10 +9,9 @@ import onnx
 import pandas as pd
 import pytest
 import torch
+from engine_models import exported
 
 from sbs_widget.samples import faults
-
-from engine_models import exported
 
 
 def _cli(*args, cwd=None):

@@ -12,12 +12,11 @@ import warnings
 
 import pytest
 import torch
+from engine_models import export_module, exported, node_named
 
 import sbs_widget
-from sbs_widget.samples import faults
 from sbs_widget.engine.entry import prepare
-
-from engine_models import export_module, exported, node_named
+from sbs_widget.samples import faults
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from culprit_accuracy import evaluate, make_faults  # noqa: E402

@@ -5,16 +5,13 @@ from __future__ import annotations
 import onnx
 import pytest
 import torch
+from engine_models import export_module, exported, node_named
 
 import sbs_widget
-from sbs_widget import records as R
-from sbs_widget.samples import faults
-from sbs_widget.samples import zoo
 from sbs_widget.engine.entry import prepare
-from sbs_widget.views.summary import summarize
+from sbs_widget.samples import faults, zoo
 from sbs_widget.samples.zoo import fused_for_ort
-
-from engine_models import export_module, exported, node_named
+from sbs_widget.views.summary import summarize
 
 
 @pytest.mark.parametrize("optimize", [False, True])
@@ -530,7 +527,8 @@ def _corrupt_add(prog):
     model = prog.model_proto
     target = next(n for n in model.graph.node if n.op_type == "Add" and "add" in n.name and
                   any(p.key == "pkg.torch.onnx.name_scopes" and "decoder" in p.value for p in n.metadata_props)
-                  and "attention" not in "".join(p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"))
+                  and "attention" not in "".join(p.value for p in n.metadata_props
+                                                 if p.key == "pkg.torch.onnx.name_scopes"))
     return faults.replace_op(model, target.name, "Sub"), target
 
 
@@ -722,9 +720,9 @@ def test_sessions_dropped_after_their_segment_when_not_kept():
 def test_memory_values_are_freed_on_both_sides():
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
+    from sbs_widget.engine.fx_runner import flat_inputs
     from sbs_widget.engine.lockstep import LockstepRun
     from sbs_widget.engine.runtimes import get_runtime
-    from sbs_widget.engine.fx_runner import flat_inputs
 
     run = LockstepRun(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
                False, None, False, segment_nodes=10)
@@ -783,9 +781,8 @@ def test_a_weight_is_served_from_torch_memory_only_when_bit_identical(optimize):
     """The ONNX side computes with the file's own bits: -0.0 in the file where torch holds 0.0 (equal
     numbers, but 1/x differs) keeps that initializer out of the ones read from torch's memory."""
     import numpy as np
-    from onnx import numpy_helper
-
     from engine_models import export_module
+    from onnx import numpy_helper
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))

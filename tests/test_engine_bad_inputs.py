@@ -12,14 +12,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from engine_models import export_module, exported
 from onnx import helper
 
 import sbs_widget
-from sbs_widget.samples import faults
 from sbs_widget.engine.entry import prepare
+from sbs_widget.samples import faults
 from sbs_widget.views.summary import summarize
-
-from engine_models import export_module, exported
 
 
 def test_ep_and_onnx_from_different_models():

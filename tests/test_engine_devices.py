@@ -10,14 +10,13 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from engine_models import exported, node_named
 from torch.utils._pytree import tree_map_only
 
 import sbs_widget
-from sbs_widget.samples import faults
 from sbs_widget.engine.entry import prepare
+from sbs_widget.samples import faults
 from sbs_widget.views.summary import summarize
-
-from engine_models import exported, node_named
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

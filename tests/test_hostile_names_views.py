@@ -15,9 +15,9 @@ from xml.etree import ElementTree
 import onnx
 import pytest
 import torch
+from engine_models import export_module
 from onnx import TensorProto, helper
 
-from engine_models import export_module
 from sbs_widget.graphs.dot import fx_graph, onnx_graph, quote
 from sbs_widget.graphs.spec import LABEL_LIMIT, MAX_CLUSTER_DEPTH, label_text, onnx_spec, shorten, visible
 

@@ -153,7 +153,8 @@ def test_the_compiled_comparison_is_built_where_a_compiler_is():
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): numpy compares")
-    assert metrics._compare is not None, "sbs_widget/engine/_compare.c did not build: run pip install -e . and read its log"
+    assert metrics._compare is not None, \
+        "sbs_widget/engine/_compare.c did not build: run pip install -e . and read its log"
 
 
 def test_compiled_comparison_hands_nan_and_odd_values_to_numpy():

@@ -15,14 +15,13 @@ import onnx
 import pandas as pd
 import pytest
 import torch
+from engine_models import export_module
 from onnx import TensorProto as T
 from onnx import helper
 
 import sbs_widget
 from sbs_widget.engine.entry import prepare
 from sbs_widget.errors import InputError, RunCancelled, RunTimeout
-
-from engine_models import export_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -17,16 +17,15 @@ import onnx
 import openpyxl
 import pytest
 import torch
+from engine_models import export_module
 
 import sbs_widget
-from sbs_widget.samples import faults
-from sbs_widget.cli.main import main
 from sbs_widget.cli.compare import write_records
+from sbs_widget.cli.main import main
 from sbs_widget.errors import InputError
 from sbs_widget.records import Record
+from sbs_widget.samples import faults
 from sbs_widget.views.safe_text import short_name, spreadsheet_cell, visible
-
-from engine_models import export_module
 
 # relu's value: a formula, NUL, an ANSI colour, a bidi override, "\N{", quotes, a newline, a backslash
 EVIL = '=HYPERLINK("http://x")\x00\x1b[31m\u202eevil\\N{x}\'"\n\\'
@@ -136,7 +135,7 @@ def test_failed_write_leaves_the_old_file_and_no_partial_one(tmp_path):
     target.write_text("old")
     # a column mixing floats and text: pyarrow refuses it half-way through writing
     bad = [Record(ep_name="a", err_abs=0.5), Record(ep_name="b", err_abs="not a number")]
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - pyarrow's own error type
         write_records(bad, str(target))
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.parquet"]
     write_records([Record(ep_name="\x00=1", err_abs=0.5)], str(tmp_path / "ok.xlsx"))  # NUL: no crash

@@ -4,10 +4,8 @@ set, the rows protocol, DataFrame export and the offline HTML report."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -17,9 +15,9 @@ import sbs_widget
 from sbs_widget.errors import SbsError
 from sbs_widget.records import Record
 from sbs_widget.views.report import write_html_report
-from sbs_widget.views.widget import SbsWidget
 from sbs_widget.views.rows import decode_rows, encode_rows
 from sbs_widget.views.runs import FLUSH_SECONDS
+from sbs_widget.views.widget import SbsWidget
 
 ALTERED = "decoder.feed_forward.fc1.bias"
 

@@ -33,11 +33,8 @@ from sbs_widget.align.twinless import (
     pair_duplicates,
     pair_shared_constants,
 )
-
-# onnx_elem_type is re-exported: the engine (lockstep and its parts) imports it from here
 from sbs_widget.dtypes import (
     TORCH_TO_ONNX,
-    onnx_elem_type,  # noqa: F401
 )
 from sbs_widget.engine.fx_runner import numel_hint, program_outputs
 from sbs_widget.load.onnx_index import OnnxIndex, ValueType
@@ -279,7 +276,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in order]
     user_inputs.sort(key=lambda n: order.index(n.name))
     # Constant (non-tensor) inputs such as use_cache=False are baked into the ONNX graph.
-    user_inputs = [n for n in user_inputs if isinstance(n.meta.get("val"), torch.Tensor) or is_scalar(n.meta.get("val"))]
+    user_inputs = [n for n in user_inputs
+                   if isinstance(n.meta.get("val"), torch.Tensor) or is_scalar(n.meta.get("val"))]
     al.tensor_inputs = [n.name for n in user_inputs]
     for fx_node, onnx_name in zip(user_inputs, index.inputs):
         al.input_pairs.append((fx_node.name, onnx_name))

@@ -27,8 +27,8 @@ from typing import Iterable, Sequence
 import onnx
 
 from sbs_widget import records as R
-from sbs_widget.records import Record
 from sbs_widget.engine.tolerance import resolve
+from sbs_widget.records import Record
 
 DEFAULT_TOP = 10
 

@@ -1,1 +1,2 @@
-"""Running both sides in lockstep: entry points, the prepared pair, the run, FX side, ONNX segments, node-local groups, runtimes, metrics, tolerance, time limits."""
+"""Running both sides in lockstep: entry points, the prepared pair, the run, FX side, ONNX segments,
+node-local groups, runtimes, metrics, tolerance, time limits."""

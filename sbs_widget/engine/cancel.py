@@ -16,7 +16,8 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
 from sbs_widget.errors import InputError, RunCancelled, RunTimeout

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import where_in
+from sbs_widget.engine.metrics import as_numpy, compute_errors_many, same_shape
 from sbs_widget.engine.node_local import ANCHOR, LocalGroup, local_model
-from sbs_widget.engine.metrics import (as_numpy, compute_errors_many,
-                      same_shape)
+from sbs_widget.engine.segments import SMALL_INITIALIZER, Segment
 from sbs_widget.records import Record
-from sbs_widget.engine.segments import SMALL_INITIALIZER, Segment, numpy_elem_type
 
 if TYPE_CHECKING:
     pass
@@ -43,8 +43,8 @@ class NodeLocalRuns:
         try:
             fn = p.compiled(self.rt, key, build)
             outs = self.cancel.call(fn, feeds, [g.output_name(k) for k, g in enumerate(groups)])
-        except Exception as e:
-            self.cancel.check(lambda: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
+        except Exception as e:  # a node-local group failed (or the run was stopped): one group at a time
+            self.cancel.check(lambda e=e: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
             return self._run_local_one_by_one(groups, feeds)
         return {g.value: o for g, o in zip(groups, outs)}
 

@@ -11,18 +11,19 @@ import numpy as np
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import Cancel, where_in
-from sbs_widget.errors import InputError
 from sbs_widget.engine.fx_runner import FxRunner, program_outputs
-from sbs_widget.engine.metrics import BATCH_ELEMENTS, Scratch
-from sbs_widget.records import Record
-from sbs_widget.engine.runtimes import cores
-from sbs_widget.engine.segments import Segment, numpy_elem_type
 from sbs_widget.engine.local_runs import NodeLocalRuns
 from sbs_widget.engine.measure import Measuring, _failed, _join
 from sbs_widget.engine.memory import TRIM_BYTES, return_freed_memory
+from sbs_widget.engine.metrics import BATCH_ELEMENTS, Scratch
 from sbs_widget.engine.onnx_side import OnnxSide
 from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP
+from sbs_widget.engine.runtimes import cores
+from sbs_widget.engine.segments import Segment
+from sbs_widget.errors import InputError
+from sbs_widget.records import Record
 
 if TYPE_CHECKING:
     from sbs_widget.engine.prepared import Prepared

@@ -9,12 +9,11 @@ import numpy as np
 import torch
 
 from sbs_widget import records as R
-from sbs_widget.align.pairs import onnx_elem_type
+from sbs_widget.dtypes import numpy_elem_type, onnx_elem_type
+from sbs_widget.engine.metrics import EMPTY_NOTE, as_numpy, beyond_where, compute_errors_many, same_shape
 from sbs_widget.errors import ToleranceExceeded
-from sbs_widget.engine.metrics import (EMPTY_NOTE, as_numpy, beyond_where, compute_errors_many,
-                      same_shape)
 from sbs_widget.records import HISTOGRAM_EDGES, Record
-from sbs_widget.engine.segments import numpy_elem_type
+from sbs_widget.strings import shape_type
 
 if TYPE_CHECKING:
     pass
@@ -30,7 +29,7 @@ def _shape_type(code: int, shape: tuple) -> str:
     if text is None:
         if len(_SHAPE_TYPES) > 4096:
             _SHAPE_TYPES.clear()
-        text = _SHAPE_TYPES[key] = f"T{code}s{'x'.join(map(str, shape))}"
+        text = _SHAPE_TYPES[key] = shape_type(0 if code is None else code, shape)
     return text
 
 def _described(e: np.ndarray) -> str:
@@ -112,7 +111,8 @@ class Measuring:
         code = onnx_elem_type(expected.dtype) if isinstance(expected, torch.Tensor) else numpy_elem_type(e)
         rec.ep_shape_type = _shape_type(code, e.shape)
         g_code = numpy_elem_type(g)
-        rec.onnx_shape_type = rec.ep_shape_type if g_code == code and g.shape == e.shape else _shape_type(g_code, g.shape)
+        same = g_code == code and g.shape == e.shape
+        rec.onnx_shape_type = rec.ep_shape_type if same else _shape_type(g_code, g.shape)
         if not same_shape(e, g):
             rec.status = R.ERROR
             rec.comment = _join(rec.comment, f"shapes differ: torch {tuple(e.shape)} vs onnx {tuple(g.shape)}")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-
-
 if TYPE_CHECKING:
     pass
 

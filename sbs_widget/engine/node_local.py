@@ -78,7 +78,8 @@ def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | N
     return LocalGroup(value, sorted(nodes), anchors, constants)
 
 
-def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str, int]) -> tuple[onnx.ModelProto, LocalPlan]:
+def local_model(index: OnnxIndex, groups: list[LocalGroup],
+                feed_types: dict[str, int]) -> tuple[onnx.ModelProto, LocalPlan]:
     """One model holding every group, values renamed per group; anchors are inputs named
     ``sbs_torch::<value>``, big initializers are inputs under their own name."""
     plan = LocalPlan(groups=groups)

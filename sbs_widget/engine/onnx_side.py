@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import torch
 
+from sbs_widget.dtypes import ONNX_TO_NUMPY, numpy_elem_type
 from sbs_widget.engine.background import renew, submit_if_idle
 from sbs_widget.engine.cancel import where_in
-from sbs_widget.errors import RunCancelled
-from sbs_widget.load.onnx_index import ONNX_TO_NUMPY
 from sbs_widget.engine.runtimes import exact_numpy
-from sbs_widget.engine.segments import TRANSPOSED, Segment, numpy_elem_type, segment_bytes, segment_model
+from sbs_widget.engine.segments import TRANSPOSED, Segment, segment_bytes, segment_model
+from sbs_widget.errors import RunCancelled
 
 if TYPE_CHECKING:
     pass
@@ -163,7 +163,7 @@ class OnnxSide:
                         self.onnx_env[o] = arr
                         self.onnx_shapes[o] = getattr(arr, "shape", ())
                 except Exception as e:
-                    self.cancel.check(lambda: where_in(p.index, i, i + 1, e))
+                    self.cancel.check(lambda e=e: where_in(p.index, i, i + 1, e))
                     error = f"{self.rt.name} failed on {node.op_type} node {node.name!r}: {type(e).__name__}: " \
                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             if error is None:

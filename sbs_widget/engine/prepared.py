@@ -17,20 +17,27 @@ from sbs_widget import records as R
 from sbs_widget.align.pairs import Alignment, align
 from sbs_widget.engine.background import background
 from sbs_widget.engine.cancel import Cancel, check_time_limit
-from sbs_widget.errors import InputError, ModelMismatchError
-from sbs_widget.engine.fx_runner import (check_inputs, dead_nodes, flat_inputs, last_uses, on_inputs_device,
-                        program_outputs, small_nodes)
-from sbs_widget.engine.node_local import LocalGroup, build_group
+from sbs_widget.engine.fx_runner import (
+    check_inputs,
+    dead_nodes,
+    flat_inputs,
+    last_uses,
+    on_inputs_device,
+    program_outputs,
+    small_nodes,
+)
 from sbs_widget.engine.lockstep import LockstepRun
+from sbs_widget.engine.node_local import LocalGroup, build_group
 from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, ReleasePlan, release_plan
-from sbs_widget.engine.weights import Weights
-from sbs_widget.load.readers import load_inputs
-from sbs_widget.load.onnx_checks import check_input_shapes
-from sbs_widget.load.onnx_index import OnnxIndex
-from sbs_widget.records import Record
 from sbs_widget.engine.runtimes import Runtime, get_runtime
 from sbs_widget.engine.segments import Segment, describe_segment, plan_segments
 from sbs_widget.engine.tolerance import least_precise, resolve
+from sbs_widget.engine.weights import Weights
+from sbs_widget.errors import InputError, ModelMismatchError
+from sbs_widget.load.onnx_checks import check_input_shapes
+from sbs_widget.load.onnx_index import OnnxIndex
+from sbs_widget.load.readers import load_inputs
+from sbs_widget.records import Record
 
 SEGMENT_NODES = 400  # most ONNX nodes per segment
 MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save

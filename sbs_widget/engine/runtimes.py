@@ -173,4 +173,5 @@ def get_runtime(runtime: str | Runtime = "onnxruntime", *, cuda: bool = False, t
         return _SHARED[key]
     if isinstance(runtime, Runtime):
         return runtime
-    raise InputError(f"runtime must be a name or an object with .name and .compile(model), not {type(runtime).__name__}")
+    raise InputError("runtime must be a name or an object with .name and .compile(model), not "
+                     f"{type(runtime).__name__}")

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-# numpy_elem_type is re-exported: the engine (lockstep and its parts) imports it from here
-from sbs_widget.dtypes import numpy_elem_type  # noqa: F401
 from sbs_widget.load.onnx_index import OnnxIndex
 
 # Initializers up to this many elements are copied into segment models (shapes, axes, scalars);

@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-# ONNX_TO_NUMPY is also re-exported: the engine (lockstep and its parts) imports it from here
 from sbs_widget.dtypes import ONNX_TO_NUMPY
 from sbs_widget.strings import shape_type
 

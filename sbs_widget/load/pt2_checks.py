@@ -269,8 +269,8 @@ def _check_payloads(data: bytes, member: str, folder: str, records: dict[str, in
 
 
 def _dtype(code) -> torch.dtype:
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
     from torch._export.serde.schema import ScalarType
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 
     return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
 

@@ -24,7 +24,13 @@ import torch
 from sbs_widget.errors import InputError, LoadError, ModelMismatchError
 from sbs_widget.load.onnx_checks import check_model
 from sbs_widget.load.pt2_checks import check_pt2, drop_guards
-from sbs_widget.load.untrusted import load_data, load_program, refused_global, register_transformers_type, unregistered_type
+from sbs_widget.load.untrusted import (
+    load_data,
+    load_program,
+    refused_global,
+    register_transformers_type,
+    unregistered_type,
+)
 
 
 def is_onnx_program(obj) -> bool:

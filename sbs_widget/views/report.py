@@ -13,7 +13,6 @@ import html
 import json
 import pathlib
 
-
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
 _STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
                "rtol", "reset_names", "fx_dot", "onnx_dot")
@@ -77,7 +76,8 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
 
     >>> import sbs_widget, tempfile, os
     >>> from sbs_widget.views.report import write_html_report
-    >>> p = write_html_report([sbs_widget.Record(ep_name="x", err_abs=1e-3)], os.path.join(tempfile.mkdtemp(), "r.html"))
+    >>> records = [sbs_widget.Record(ep_name="x", err_abs=1e-3)]
+    >>> p = write_html_report(records, os.path.join(tempfile.mkdtemp(), "r.html"))
     >>> p.stat().st_size > 10_000
     True
     """

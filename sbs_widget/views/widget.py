@@ -16,11 +16,12 @@ import anywidget
 import traitlets
 
 from sbs_widget.engine.cancel import check_time_limit
-from sbs_widget.errors import SbsWidgetWarning
-from sbs_widget.records import to_dataframe
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
+from sbs_widget.errors import SbsError, SbsWidgetWarning
+from sbs_widget.records import to_dataframe
 from sbs_widget.views.rows import ROW_COLUMNS, encode_rows
-from sbs_widget.views.runs import DONE, FAILED, RUNNING, STOPPED, Run, Runner
+from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
+from sbs_widget.views.shared_rules import MESSAGES
 from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
 
 _STATIC = pathlib.Path(__file__).parent.parent / "static"
@@ -209,10 +210,8 @@ class SbsWidget(anywidget.AnyWidget):
             return prepared
 
     def _fill_dot(self, prepared) -> None:
-        try:
-            from sbs_widget.graphs.dot import dot_sources
-        except ImportError:  # the graphs feature is not part of this build
-            return
+        from sbs_widget.graphs.dot import dot_sources
+
         try:
             self.fx_dot, self.onnx_dot = dot_sources(prepared, records=None)
         except Exception as e:  # a graph that cannot be drawn must not cost the comparison
@@ -239,7 +238,8 @@ class SbsWidget(anywidget.AnyWidget):
             start = self._sent.get(run.id, 0)
             n = len(run.records)
             if n > start:
-                self.send({"type": "rows", "run": run.id, "start": start}, [encode_rows(run.records[start:n])])
+                self.send({"type": MESSAGES["rows"], "run": run.id, "start": start},
+                          [encode_rows(run.records[start:n])])
                 self._sent[run.id] = n
             current = bool(self._runs) and run is self._runs[-1]
             if current:
@@ -285,12 +285,12 @@ class SbsWidget(anywidget.AnyWidget):
 
     def _on_msg(self, widget, content, buffers) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
-        if kind == "get_rows":
+        if kind == MESSAGES["get_rows"]:
             limit = max(1, min(int(content.get("limit", PAGE_ROWS)), PAGE_ROWS))
             self._send_page(int(content.get("run", -1)), int(content.get("start", 0)), limit)
-        elif kind == "rerun" and self._ep is not None:
+        elif kind == MESSAGES["rerun"] and self._ep is not None:
             self.rerun()
-        elif kind == "stop":
+        elif kind == MESSAGES["stop"]:
             self.stop()
 
     def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
@@ -298,5 +298,5 @@ class SbsWidget(anywidget.AnyWidget):
             return
         records = self._runs[run_id].records
         stop = min(len(records), start + limit)
-        self.send({"type": "rows", "run": run_id, "start": start, "reply": True},
+        self.send({"type": MESSAGES["rows"], "run": run_id, "start": start, "reply": True},
                   [encode_rows(records[start:stop])])

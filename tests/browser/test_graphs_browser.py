@@ -12,7 +12,6 @@ import os
 import warnings
 
 import pytest
-
 from conftest import NB, open_notebook, run_all
 
 pytestmark = pytest.mark.browser

@@ -31,8 +31,8 @@ def hostile_run(tmp_path_factory):
     """A real export and run whose ONNX ReLU is named RLO (value and node) and whose MatMul node is 100k long."""
     torch = pytest.importorskip("torch")
     import onnx
-
     from engine_models import export_module
+
     from sbs_widget.engine.entry import prepare
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -102,7 +102,6 @@ def test_graph_labels_escaped_and_shortened_with_full_name_on_hover(chromium, ho
 
 
 def test_a_20000_node_chain_draws_a_part_and_says_so(chromium, tmp_path):
-    import onnx
     from onnx import TensorProto, helper
 
     from sbs_widget.graphs.dot import onnx_graph

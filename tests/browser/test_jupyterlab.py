@@ -13,7 +13,6 @@ import pathlib
 import time
 
 import pytest
-
 from conftest import NB, REPO, open_notebook, run_all, run_cell
 
 pytestmark = pytest.mark.browser
