@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     import torch
 
-    from sbs_widget.samples import zoo
     from sbs_widget.engine.entry import prepare
+    from sbs_widget.samples import zoo
     from sbs_widget.views.summary import summarize
 
     rows = []

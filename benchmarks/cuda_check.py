@@ -70,9 +70,9 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from sbs_widget.samples import zoo
     from sbs_widget.engine.entry import prepare
     from sbs_widget.engine.runtimes import get_runtime
+    from sbs_widget.samples import zoo
 
     cuda = torch.cuda.is_available()
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "

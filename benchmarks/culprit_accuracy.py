@@ -83,8 +83,8 @@ import onnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sbs_widget.samples import faults  # noqa: E402
 from sbs_widget.load.onnx_index import OnnxIndex  # noqa: E402
+from sbs_widget.samples import faults  # noqa: E402
 
 ATOL = RTOL = 1e-4
 KINDS = ("weight", "op", "attribute", "cast", "constant", "gelu")

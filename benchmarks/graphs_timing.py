@@ -34,10 +34,9 @@ REDRAWN = ("(r) => { const p = document.querySelectorAll('.sbsg-pane');"
 
 
 def build_page(layers: int, optimize: bool, folder: pathlib.Path) -> pathlib.Path:
-    from sbs_widget.samples import faults
-    from sbs_widget.samples import zoo
     from sbs_widget.engine.entry import prepare
     from sbs_widget.graphs.page import write_graphs_html
+    from sbs_widget.samples import faults, zoo
 
     with contextlib.redirect_stderr(io.StringIO()):
         _, prog, args, kwargs = zoo.export("llama", optimize=optimize, layers=layers, hidden=64, seq=12)

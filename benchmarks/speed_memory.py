@@ -223,9 +223,9 @@ def _warm_up(program, model, args, kwargs) -> None:
     import ctypes
     import gc
 
-    from sbs_widget.engine.fx_runner import flat_inputs
-
     import torch
+
+    from sbs_widget.engine.fx_runner import flat_inputs
 
     with torch.no_grad():
         program.graph_module(*flat_inputs(program, args, kwargs))
