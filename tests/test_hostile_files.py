@@ -255,3 +255,31 @@ def test_dynamic_program_from_file_still_compares(saved):
     pt2, onx, x = saved
     records = list(sbs_widget.run_aligned(pt2, onx, (x,)))
     assert records[-1].kind == "output" and records[-1].status == "ok"
+
+
+def test_duplicate_members_are_refused(saved, tmp_path):
+    """Two members of one name: torch's reader and Python's may read different ones, so the one
+    checked need not be the one loaded."""
+    import warnings
+
+    pt2, onx, x = saved
+    marker = tmp_path / "ran"
+    with zipfile.ZipFile(pt2) as a:
+        root = a.namelist()[0].split("/", 1)[0] + "/"
+        members = [(n, a.read(n)) for n in a.namelist()]
+    doc = json.loads(dict(members)[root + "models/model.json"])
+    doc["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = {
+        "as_expr": {"expr_str": f"__import__('os').mkdir({str(marker)!r}) or 4", "hint": {"as_int": 4}}}
+    with warnings.catch_warnings(), zipfile.ZipFile(tmp_path / "dup.pt2", "w") as b:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name: that is the point
+        for name, data in members:
+            if name == root + "models/model.json":
+                b.writestr(name, json.dumps(doc))  # the hostile one first, the clean one after
+            b.writestr(name, data)
+    refused(tmp_path / "dup.pt2", onx, x, "two members of the same name", marker)
+
+
+def test_not_a_zip(saved, tmp_path):
+    _, onx, x = saved
+    (tmp_path / "junk.pt2").write_bytes(b"not a zip at all")
+    refused(tmp_path / "junk.pt2", onx, x, "not a .pt2 archive", tmp_path / "ran")

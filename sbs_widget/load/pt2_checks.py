@@ -275,37 +275,59 @@ def _dtype(code) -> torch.dtype:
     return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
 
 
+MAX_JSON_BYTES = 1 << 30  # a program's description: hundreds of MB for the largest; more is a zip bomb
+
+
+def _members(path: str) -> tuple[str, dict[str, int], object]:
+    """``(root folder, {member: size}, torch's reader)``. The members are listed by torch's own zip
+    reader (the one that will load the file) and by Python's: a crafted zip that reads differently
+    in the two (duplicate names, two directories) is refused, since torch falls back to Python's
+    reader for older layouts."""
+    try:
+        reader = torch._C.PyTorchFileReader(path)
+        names = reader.get_all_records()
+        with zipfile.ZipFile(path) as archive:
+            infos = [i for i in archive.infolist() if not i.is_dir()]
+    except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as e:
+        raise LoadError(f"cannot load ExportedProgram {path!r}: not a .pt2 archive ({str(e).splitlines()[0][:200]}); "
+                        "is it a file written by torch.export.save, and complete?") from None
+    roots = {i.filename.split("/", 1)[0] for i in infos}
+    if len(roots) != 1 or any("/" not in i.filename for i in infos):
+        raise refuse(path, "its members do not share one root folder, as torch.export.save writes them")
+    root = roots.pop() + "/"
+    python_names = [i.filename[len(root):] for i in infos]
+    if len(set(python_names)) != len(python_names) or len(set(names)) != len(names):
+        raise refuse(path, "two members of the same name (readers would disagree on which one is read)")
+    if set(python_names) != set(names):
+        raise refuse(path, "its zip directory reads differently in torch's reader and in Python's")
+    return root, {n: reader.get_record_size(n) for n in names}, reader
+
+
 def check_pt2(path: str) -> None:
     """Raise ``LoadError`` unless the ``.pt2`` at ``path`` holds data torch reads without running
-    code of the file's (see the module docstring)."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise LoadError(f"cannot load ExportedProgram {path!r}: not a .pt2 archive ({e}); is it a file "
-                        "written by torch.export.save, and complete?") from None
-    with archive:
-        infos = archive.infolist()
-        roots = {i.filename.split("/", 1)[0] for i in infos}
-        if len(roots) != 1 or any("/" not in i.filename for i in infos):
-            raise refuse(path, "its members do not share one root folder, as torch.export.save writes them")
-        root = roots.pop() + "/"
-        records = {i.filename[len(root):]: i.file_size for i in infos if not i.is_dir()}
-        if "archive_format" not in records:
-            legacy = "serialized_exported_program.json" in records
-            raise refuse(path, "an archive written by torch older than 2.7, which another code path reads; load it "
-                               "with that torch and save it again" if legacy else "no archive_format member")
-        for name in records:
-            if not _ALLOWED.fullmatch(name):
-                why = next((w for prefix, w in _WHY_REFUSED.items() if name.startswith(prefix)),
-                           "a member torch.export.save does not write")
-                raise refuse(root + name, why)
-        for name in records:
-            if name.startswith("models/"):
-                _check_program(archive.read(root + name), root + name)
-            elif name.endswith("_weights_config.json"):
-                _check_payloads(archive.read(root + name), root + name, "data/weights/", records, True)
-            elif name.endswith("_constants_config.json"):
-                _check_payloads(archive.read(root + name), root + name, "data/constants/", records, False)
+    code of the file's (see the module docstring). Members are read with torch's own reader: the
+    bytes checked are the bytes torch will load."""
+    root, records, reader = _members(path)
+    if "archive_format" not in records:
+        legacy = "serialized_exported_program.json" in records
+        raise refuse(path, "an archive written by torch older than 2.7, which another code path reads; load it "
+                           "with that torch and save it again" if legacy else "no archive_format member")
+    for name in records:
+        if not _ALLOWED.fullmatch(name):
+            why = next((w for prefix, w in _WHY_REFUSED.items() if name.startswith(prefix)),
+                       "a member torch.export.save does not write")
+            raise refuse(root + name, why)
+    for name, size in records.items():
+        if not name.endswith(".json"):
+            continue
+        if size > MAX_JSON_BYTES:
+            raise refuse(root + name, f"{size} bytes of JSON, more than any exported program describes")
+        if name.startswith("models/"):
+            _check_program(reader.get_record(name), root + name)
+        elif name.endswith("_weights_config.json"):
+            _check_payloads(reader.get_record(name), root + name, "data/weights/", records, True)
+        elif name.endswith("_constants_config.json"):
+            _check_payloads(reader.get_record(name), root + name, "data/constants/", records, False)
 
 
 def drop_guards(program) -> None:

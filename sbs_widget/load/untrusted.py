@@ -132,11 +132,23 @@ def _data_only_unpickling():
         torch.load = _TORCH_LOAD
 
 
+def _load_pt2(path: str):
+    """What ``torch.export.load`` does for a current archive, without its fallback to the older
+    layout (read by another code path, with Python's zip reader, which ``pt2_checks`` does not vet)."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    programs = load_pt2(path).exported_programs
+    if "model" not in programs:
+        raise RuntimeError(f"the archive holds no program named 'model' (it holds {sorted(programs)})")
+    return programs["model"]
+
+
 def load_program(path: str):
-    """``torch.export.load(path)`` unpickling data only: ``(program or None, error texts)``. One load
-    at a time: a second thread's load ending first would otherwise restore ``torch.load`` under this one."""
+    """The program of the ``.pt2`` at ``path``, unpickling data only: ``(program or None, error texts)``.
+    One load at a time: a second thread's load ending first would otherwise restore ``torch.load``
+    under this one."""
     with _ONE_LOAD, _data_only_unpickling():
-        return load_capturing_errors(torch.export.load, path)
+        return load_capturing_errors(_load_pt2, path)
 
 
 _ONE_LOAD = threading.Lock()
