@@ -37,7 +37,7 @@ from sbs_widget.errors import InputError, ModelMismatchError
 from sbs_widget.load.onnx_checks import check_input_shapes
 from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.load.readers import load_inputs
-from sbs_widget.records import Record
+from sbs_widget.records import Record, record_template, with_fields
 
 SEGMENT_NODES = 400  # most ONNX nodes per segment
 MIN_SEGMENT_BYTES = 1 << 20  # below this, more sessions cost more time than the memory they save
@@ -258,21 +258,19 @@ class Prepared:
         if self._weight_records is None:
             plan = []
             for w in self.alignment.weights:
-                fields = list(self.record_fields(w.placeholder, w.onnx_name or None, R.KIND_WEIGHT, ""))
-                fields[_EP_TARGET] = w.key
-                fields[_ONNX_OP_TYPE] = "initializer" if w.onnx_name else None
+                fields = with_fields(self.record_fields(w.placeholder, w.onnx_name or None, R.KIND_WEIGHT, ""),
+                                     ep_target=w.key, onnx_op_type="initializer" if w.onnx_name else None)
                 if not w.comparable:
-                    fields[_STATUS] = R.ONE_SIDED
-                    fields[_COMMENT] = w.comment
-                plan.append((tuple(fields), w.placeholder, w.onnx_name if w.comparable else None))
+                    fields = with_fields(fields, status=R.ONE_SIDED, comment=w.comment)
+                plan.append((fields, w.placeholder, w.onnx_name if w.comparable else None))
             self._weight_records = plan
         return self._weight_records
 
     def record_fields(self, fx_name: str | None, onnx_name: str | None, kind: str, how: str,
                       comment: str | None = None) -> tuple:
-        """The fields of a record known before anything runs, in ``Record``'s field order (up to
-        ``stack_trace``): worked out once per pair, read by every run. ``comment``: instead of the
-        one saying how the pair was matched."""
+        """The fields of a record known before anything runs (``records.record_template``): worked out
+        once per pair, read by every run. ``comment``: instead of the one saying how the pair was
+        matched."""
         key = (fx_name, onnx_name, kind, how, comment)
         fields = self._record_fields.get(key)
         if fields is not None:
@@ -293,13 +291,12 @@ class Prepared:
             comment = self._alias_comment(fx_name) if how == "duplicate" else \
                 _SHARED_COMMENT.format(self.alignment.shares_constant_of[fx_name]) if how == "shared" else \
                 _MATCHED_BY.get(how, "")
+        fields = record_template(
+            onnx_id_node=i, onnx_name=onnx_name, onnx_op_type=op, onnx_id_output=out, onnx_shape_type=onnx_shape,
+            comment=comment, status=R.OK, module=module, kind=kind, onnx_node_name=node_name)
         if info is not None:
-            fields = (info.index, i, fx_name, onnx_name, info.target, op, out, info.shape_type, onnx_shape,
-                      None, None, None, None, None, None, None, None, comment, None, R.OK,
-                      module, kind, info.origin, node_name, info.stack_line)
-        else:
-            fields = (None, i, None, onnx_name, None, op, out, None, onnx_shape, None, None, None, None, None,
-                      None, None, None, comment, None, R.OK, module, kind, None, node_name, "")
+            fields = with_fields(fields, ep_id_node=info.index, ep_name=fx_name, ep_target=info.target,
+                                 ep_shape_type=info.shape_type, ep_origin=info.origin, stack_trace=info.stack_line)
         self._record_fields[key] = fields
         return fields
 
@@ -401,9 +398,6 @@ def _onnx_bytes(vt) -> int:
     return n * _ITEMSIZE.get(vt.elem_type, 4)
 
 
-# Positions in ``Record``'s fields (``record_fields`` tuples).
-_EP_TARGET, _ONNX_OP_TYPE, _COMMENT, _STATUS = (R.RECORD_FIELDS.index(f) for f in ("ep_target", "onnx_op_type",
-                                                                                 "comment", "status"))
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"
 _RESHAPED_COMMENT = ("no ONNX value of its shape: the ONNX graph has it only reshaped (a reshape removed or "
                      "moved by the optimizer); compared with that value, reshaped")
