@@ -1,6 +1,8 @@
 // Number formatting and safe display text, shared by the table, the detail and the graphs
 // (the error colour scale is in rules.js).
 
+import { HIDDEN_RANGES } from "./spec.gen.js";
+
 export function fmtErr(v) {
   if (v === null || v === undefined) return "";
   if (Number.isNaN(v)) return "NaN";
@@ -23,9 +25,9 @@ export function fmtSeconds(s) {
 // Characters that hide, reorder or break text: C0/C1 controls, bidi embeddings/overrides/isolates and
 // marks, zero-width and other format characters, line/paragraph separators, lone surrogates, tag
 // characters. Model names are untrusted: "gelu\u202eTMATMUL" would otherwise display as another name.
-// The same set as sbs_widget.graphs_spec.HIDDEN (keep both in sync).
-// eslint-disable-next-line no-control-regex -- matching C0/C1 control characters is this regex's job
-const HIDDEN = /[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\u{e0000}-\u{e007f}]/gu;
+// The set is HIDDEN_RANGES of sbs_widget/views/shared_rules.py (safe_text.HIDDEN in Python).
+const cp = (n) => `\\u{${n.toString(16)}}`;
+const HIDDEN = new RegExp(`[${HIDDEN_RANGES.map(([a, b]) => `${cp(a)}-${cp(b)}`).join("")}]`, "gu");
 
 function escapeChar(ch) {
   const cp = ch.codePointAt(0);

@@ -16,6 +16,8 @@ import os
 import re
 import tempfile
 
+from sbs_widget.views.shared_rules import HIDDEN_RANGES
+
 # OWASP CSV injection: a cell starting with one of these is read as a formula by spreadsheets.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -23,8 +25,7 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 # Characters a terminal, a viewer or a browser would act on, hide or reorder: C0/C1 controls (ESC,
 # NUL), soft hyphen, bidi marks, overrides and isolates, zero-width and other format characters, line
 # separators, lone surrogates, tag characters. The same set as js/format.js (a test holds them equal).
-HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
-                    "\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
+HIDDEN = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in HIDDEN_RANGES) + "]")
 
 
 def _escape(ch: str) -> str:

@@ -70,8 +70,17 @@ COLOR_SCALE = {
     "stub": "#f0f0f0",  # the small copies of a value read everywhere (BROADCAST)
 }
 
+# Characters that hide, reorder or break text, shown as escapes in every view (code point ranges):
+# C0/C1 controls, soft hyphen, Arabic letter mark, Mongolian vowel separator, zero-width and bidi
+# marks, line/paragraph separators, bidi embeddings and overrides, word joiner to bidi isolates and
+# deprecated format characters, BOM, interlinear annotations, lone surrogates, tag characters.
+HIDDEN_RANGES = ((0x00, 0x1F), (0x7F, 0x9F), (0xAD, 0xAD), (0x61C, 0x61C), (0x180E, 0x180E), (0x200B, 0x200F),
+                 (0x2028, 0x202E), (0x2060, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0xD800, 0xDFFF),
+                 (0xE0000, 0xE007F))
+
 SPEC = {
     "STATUSES": STATUSES,
+    "HIDDEN_RANGES": HIDDEN_RANGES,
     "SEVERITY": SEVERITY,
     "NO_VERDICT": NO_VERDICT,
     "EXACT_ELEM_TYPES": EXACT_ELEM_TYPES,
