@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 from sbs_widget.blame.culprits import Culprit, culprits, find_culprits
 from sbs_widget.blame.repro import ReproBundle, export_repro
 from sbs_widget.blame.resets import ResetSuggestion, suggest_resets
+from sbs_widget.deployed.check import check_deployed
 from sbs_widget.dumps.compare import compare_dump
 from sbs_widget.dumps.steal import ForwardStealer, load_dump, steal_forward
 from sbs_widget.engine.entry import Prepared, prepare, run_aligned
@@ -45,6 +46,7 @@ __all__ = [
     "SbsWidget",
     "SbsWidgetWarning",
     "ToleranceExceeded",
+    "check_deployed",
     "compare_dump",
     "culprits",
     "dummy_llm",

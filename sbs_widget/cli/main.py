@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "sbs_widget.cli.dumps",
     "sbs_widget.cli.graphs",
     "sbs_widget.cli.culprits",
+    "sbs_widget.cli.deployed",
 )
 
 

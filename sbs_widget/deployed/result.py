@@ -1,0 +1,139 @@
+"""What ``check_deployed`` returns: the verdict, the errors of both runs, the cause, the sessions used."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+VERDICTS = ("same", "optimizer", "session-option", "provider", "export")
+MARGIN = 2.0  # a deployed run is worse only when its error is over twice the as-written one's
+
+RULE = ("the deployed run is at fault when some output's error, measured in tolerances "
+        "(max |diff| / (atol + rtol * |torch|)), is over 1 and over 2x the as-written run's: rounding that "
+        "stays within the tolerance, or within twice what the as-written model already shows, is not a bug")
+
+
+@dataclasses.dataclass
+class OutputError:
+    """One output of one run against torch."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    ratio: float  # max |diff| / (atol + rtol * |torch|): 1 is the tolerance
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Step:
+    """One attribution session: what it ran and whether the difference was still there."""
+
+    what: str
+    setting: str
+    differs: bool
+    ratio: float
+
+
+@dataclasses.dataclass
+class FusedNode:
+    """A node the guilty transformer created, and the original nodes it replaced."""
+
+    name: str
+    op_type: str
+    replaced: list[str]
+
+
+@dataclasses.dataclass
+class Cause:
+    kind: str  # one of VERDICTS past "same"
+    level: str | None = None  # first optimization level showing the difference
+    transformers: list[str] = dataclasses.field(default_factory=list)  # the smallest set found
+    config: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    provider: str | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "optimizer":
+            named = f"transformer(s) {', '.join(self.transformers)}" if self.transformers else "its transformers"
+            return f"optimization level {self.level}: {named}" + (f" ({self.note})" if self.note else "")
+        if self.kind == "session-option":
+            entries = ", ".join(f"{k}={v}" for k, v in self.config)
+            return f"session config {entries}" if entries else self.note
+        if self.kind == "provider":
+            return f"provider {self.provider}"
+        return self.note
+
+
+@dataclasses.dataclass
+class DeployedResult:
+    verdict: str
+    deployed: str  # the deployed setting, in words
+    written_errors: list[OutputError]
+    deployed_errors: list[OutputError]
+    sessions: int
+    cause: Cause | None = None
+    steps: list[Step] = dataclasses.field(default_factory=list)
+    fused: list[FusedNode] = dataclasses.field(default_factory=list)
+    atol: float = 0.0
+    rtol: float = 0.0
+    seconds: float = 0.0
+    rule: str = RULE
+
+    def summary(self) -> str:
+        lines = [f"verdict: {self.verdict} (deployed as {self.deployed})"]
+        for title, errors in (("as written", self.written_errors), ("as deployed", self.deployed_errors)):
+            worst = max(errors, key=lambda e: e.ratio, default=None)
+            if worst is not None:
+                lines.append(f"{title}: worst output {worst.name}: max abs {worst.max_abs:.3g}, max rel "
+                             f"{worst.max_rel:.3g}, {worst.ratio:.3g} x tolerance")
+        if self.cause is not None:
+            lines.append(f"cause: {self.cause.describe()}")
+        for f in self.fused[:10]:
+            lines.append(f"fused node {f.name} ({f.op_type}) replaced {', '.join(f.replaced) or '?'}")
+        lines.append(f"sessions: {self.sessions} whole-model sessions ({len(self.steps)} attribution steps), "
+                     f"{self.seconds:.1f} s; atol={self.atol:g}, rtol={self.rtol:g}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def output_errors(names: list[str], expected: list[torch.Tensor], got: list[np.ndarray], atol: float,
+                  rtol: float) -> list[OutputError]:
+    """Each output against torch; NaN on one side only, or another shape, counts as infinitely far."""
+    errors = []
+    for name, t, a in zip(names, expected, got):
+        t = t.detach().cpu()
+        if a.dtype.kind == "V":  # bfloat16 / float8: float32 holds them exactly
+            a = a.astype(np.float32)
+        o = torch.from_numpy(np.ascontiguousarray(a)).to(torch.float64)
+        t = t.to(torch.float64)
+        if o.shape != t.shape:
+            errors.append(OutputError(name, float("inf"), float("inf"), float("inf")))
+            continue
+        if t.numel() == 0:
+            errors.append(OutputError(name, 0.0, 0.0, 0.0))
+            continue
+        nan_t, nan_o = torch.isnan(t), torch.isnan(o)
+        diff = (o - t).abs()
+        same_inf = torch.isinf(t) & (o == t)
+        diff = torch.where(nan_t & nan_o, 0.0, torch.where(nan_t ^ nan_o, float("inf"), diff))
+        diff = torch.where(same_inf, 0.0, diff)
+        scale = t.abs().nan_to_num(0.0, posinf=0.0)
+        rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+        ratio = diff / (atol + rtol * scale) if atol + rtol > 0 else torch.where(diff > 0, float("inf"), 0.0)
+        errors.append(OutputError(name, float(diff.max()), float(rel.max()), float(ratio.max())))
+    return errors
+
+
+def worst(errors: list[OutputError]) -> float:
+    return max((e.ratio for e in errors), default=0.0)
+
+
+def worse(errors: list[OutputError], written: list[OutputError]) -> bool:
+    """The rule (``RULE``): per output, beyond tolerance and beyond ``MARGIN`` x the as-written error."""
+    return any(e.ratio > 1.0 and e.ratio > MARGIN * w.ratio for e, w in zip(errors, written))

@@ -1,0 +1,123 @@
+"""check_deployed on real exports and real onnxruntime sessions (each in its own process)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import onnxruntime
+import pytest
+import torch
+
+import sbs_widget
+from sbs_widget.cli.main import main
+from sbs_widget.deployed.attribute import smallest
+from sbs_widget.deployed.settings import deployment, parse_config
+from sbs_widget.errors import InputError, SbsError
+from tests.engine_models import export_module, exported
+
+DENORMAL = "session.set_denormal_as_zero"
+
+
+class Denormal(torch.nn.Module):
+    """Values of ~1e-39 (float32 denormals) scaled back to ~0.1: flushed to zero, they become 0."""
+
+    def forward(self, x):
+        return (x * 1e-39) * 1e38
+
+
+@pytest.fixture(scope="module")
+def denormal():
+    x = torch.rand(16, 16) + 0.5
+    ep, prog = export_module(Denormal(), (x,))
+    return ep, prog.model_proto, (x,)
+
+
+@pytest.mark.parametrize("name,optimize", [("dummy_llm", False), ("dummy_llm", True), ("mlp", True),
+                                           ("convnet", True)])
+def test_correct_exports_are_same_as_deployed(name, optimize):
+    ep, prog, args, kwargs = exported(name, optimize)
+    result = sbs_widget.check_deployed(ep, prog.model_proto, args, kwargs)
+    assert result.verdict == "same", result.summary()
+    assert result.sessions == 2 and not result.steps  # as written, as deployed: nothing to attribute
+    assert all(e.ratio <= 1 for e in result.deployed_errors)
+
+
+def test_denormal_as_zero_is_a_session_option(denormal):
+    ep, onx, args = denormal
+    options = {"config": {DENORMAL: "1", "session.intra_op.allow_spinning": "0"}}
+    result = sbs_widget.check_deployed(ep, onx, args, session_options=options)
+    assert result.verdict == "session-option", result.summary()
+    assert result.cause.config == [(DENORMAL, "1")]
+    assert max(e.ratio for e in result.deployed_errors) > 100  # ~0.1 flushed to 0
+    assert max(e.ratio for e in result.written_errors) == 0
+    # as written + as deployed + steps: without the entries, then one bisection step and its check
+    assert result.sessions == len(result.steps) + 2 <= 5
+
+
+def test_denormal_read_from_session_options(denormal):
+    """A SessionOptions object: its level and the config entries onnxruntime lets one read back."""
+    ep, onx, args = denormal
+    opts = onnxruntime.SessionOptions()
+    opts.add_session_config_entry(DENORMAL, "1")
+    result = sbs_widget.check_deployed(ep, onx, args, session_options=opts)
+    assert result.verdict == "session-option"
+    assert result.cause.config == [(DENORMAL, "1")]
+    assert result.sessions == 3  # one entry: removing it is the only step
+
+
+def test_denormal_entry_off_is_same(denormal):
+    ep, onx, args = denormal
+    result = sbs_widget.check_deployed(ep, onx, args, session_options={"level": "basic", "config": {DENORMAL: "0"}})
+    assert result.verdict == "same" and result.sessions == 2
+
+
+def test_provider_path_with_what_this_build_has(denormal):
+    """No GPU here: the providers this build lists that compute nothing themselves (Azure) are left
+    out of the comparison; a provider not in the build is refused before any session."""
+    ep, onx, args = denormal
+    if "AzureExecutionProvider" in onnxruntime.get_available_providers():
+        result = sbs_widget.check_deployed(ep, onx, args, providers=["AzureExecutionProvider"])
+        assert result.verdict == "same"
+    with pytest.raises(InputError, match="not in this onnxruntime build"):
+        sbs_widget.check_deployed(ep, onx, args, providers=["NoSuchExecutionProvider"])
+
+
+def test_smallest_set_is_found_in_logarithmic_steps():
+    """The bisection alone, on a known answer: 2 culprits among 32 candidates."""
+    calls = []
+
+    def fixed_by(removed):
+        calls.append(tuple(removed))
+        return {"t7", "t20"} <= set(removed)
+
+    found = smallest([f"t{i}" for i in range(32)], fixed_by)
+    assert sorted(found) == ["t20", "t7"]
+    assert len(calls) <= 2 * (5 + 1)
+
+
+def test_bad_settings_name_the_fix():
+    with pytest.raises(InputError, match="unknown optimization level"):
+        deployment({"level": "max"})
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_config(["session.set_denormal_as_zero"])
+    with pytest.raises(InputError, match="unknown deployment option"):
+        deployment({"threads": 3})
+    assert issubclass(InputError, SbsError)
+
+
+def test_cli_names_the_config_entry(denormal, tmp_path, capsys):
+    ep, onx, args = denormal
+    torch.export.save(ep, os.fspath(tmp_path / "m.pt2"))
+    with open(tmp_path / "m.onnx", "wb") as f:
+        f.write(onx.SerializeToString())
+    torch.save(args, tmp_path / "inputs.pt")
+    files = ["--ep", str(tmp_path / "m.pt2"), "--onnx", str(tmp_path / "m.onnx"),
+             "--inputs", str(tmp_path / "inputs.pt")]
+    assert main(["deployed", *files, "--config", f"{DENORMAL}=1", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "session-option" and data["cause"]["config"] == [[DENORMAL, "1"]]
+    assert data["sessions"] == 3
+    assert main(["deployed", *files, "--opt-level", "extended"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: same" in out and "sessions: 2" in out
