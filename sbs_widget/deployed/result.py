@@ -124,7 +124,8 @@ def output_errors(names: list[str], expected: list[torch.Tensor], got: list[np.n
         diff = torch.where(nan_t & nan_o, 0.0, torch.where(nan_t ^ nan_o, float("inf"), diff))
         diff = torch.where(same_inf, 0.0, diff)
         scale = t.abs().nan_to_num(0.0, posinf=0.0)
-        rel = diff / scale.clamp_min(torch.finfo(torch.float64).tiny)
+        # relative to nonzero torch values only: a zero one says nothing relative (atol covers it)
+        rel = torch.where(scale > 0, diff / scale.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
         ratio = diff / (atol + rtol * scale) if atol + rtol > 0 else torch.where(diff > 0, float("inf"), 0.0)
         errors.append(OutputError(name, float(diff.max()), float(rel.max()), float(ratio.max())))
     return errors
