@@ -12,11 +12,12 @@ from typing import Iterable
 
 # Values of Record.status.
 OK = "ok"                  # both sides agree within tolerance
-MISMATCH = "mismatch"      # beyond tolerance (or NaN/Inf disagree)
+NOISE = "noise"            # beyond tolerance, yet onnxruntime is about as close to exact as torch
+MISMATCH = "mismatch"      # beyond tolerance and beyond rounding (or NaN/Inf disagree)
 ONE_SIDED = "one-sided"    # the value exists on one side only, nothing to compare
 RESET = "reset"            # compared, then the torch value replaced the ONNX one downstream
 ERROR = "error"            # one side failed to produce the value (see comment)
-STATUSES = (OK, MISMATCH, ONE_SIDED, RESET, ERROR)
+STATUSES = (OK, NOISE, MISMATCH, ONE_SIDED, RESET, ERROR)
 
 # Values of Record.kind: what the pair is.
 KIND_INPUT = "input"
@@ -43,6 +44,13 @@ class Record:
     - ``err_where``: where the elements beyond tolerance lie, per axis, and how many, e.g.
       ``[0, :, 0:2, :] (128 of 768)``: a difference confined to padded positions, one batch item or one
       channel shows at a glance. Filled for pairs beyond tolerance only.
+    - ``min_atol``: the smallest atol this pair passes at the run's rtol (0 when rtol alone covers
+      it): the figure to pick a CI tolerance from.
+    - ``err_torch`` / ``err_onnx`` / ``ref_scale``: for pairs beyond tolerance, the node rerun in float64
+      on torch's inputs is the reference (``engine/reference.py``): max |torch - reference| (torch's own
+      rounding), max |ONNX node-local value - reference| (onnxruntime's, on the same inputs), and
+      max |reference|. ``noise`` says whether the difference is rounding (``engine/noise.py``); None
+      where no reference was computed (within tolerance, or no float64 kernel: see the comment).
     """
 
     ep_id_node: int | None = None
@@ -75,6 +83,11 @@ class Record:
     within_tolerance: bool | None = None
     histogram: tuple[int, ...] | None = field(default=None, repr=False)  # counts of |diff| per decade
     err_where: str | None = None  # where the elements beyond tolerance lie (metrics.beyond_where)
+    min_atol: float | None = None    # smallest atol the pair passes at the run's rtol
+    err_torch: float | None = None   # torch vs the float64 reference (pairs beyond tolerance)
+    err_onnx: float | None = None    # ONNX (node-local) vs the float64 reference
+    ref_scale: float | None = None   # max |reference|
+    noise: bool | None = None        # beyond tolerance by rounding alone (see engine/noise.py)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -23,9 +23,10 @@ import math
 import re
 import sys
 
-from sbs_widget.records import ERROR, HISTOGRAM_EDGES, MISMATCH, OK, ONE_SIDED, RECORD_FIELDS, RESET, STATUSES, Record
+from sbs_widget.records import (ERROR, HISTOGRAM_EDGES, MISMATCH, NOISE, OK, ONE_SIDED, RECORD_FIELDS, RESET, STATUSES,
+                                Record)
 
-SEVERITY = {ERROR: 4, MISMATCH: 3, RESET: 2, OK: 1, ONE_SIDED: 0}
+SEVERITY = {ERROR: 5, MISMATCH: 4, RESET: 3, NOISE: 2, OK: 1, ONE_SIDED: 0}
 """Worst first: the status a graph node (or cluster) shows when its records disagree."""
 
 NO_VERDICT = (ONE_SIDED, ERROR)
@@ -66,6 +67,7 @@ COLOR_SCALE = {
     "one_sided": "#8080802e",  # #e8e8e8 over white
     "error": "#7b329476",  # #c2a5cf over white
     "error_line": "#7b3294",
+    "noise": "#6baed68c",  # beyond tolerance by rounding alone: blue, off the green-red error scale
     "reset_line": "#1f5fbf",
     "stub": "#f0f0f0",  # the small copies of a value read everywhere (BROADCAST)
 }
@@ -174,6 +176,8 @@ def color_for(err: float | None, status: str | None) -> str:
         return COLOR_SCALE["error"]
     if status == ONE_SIDED and err is None:
         return COLOR_SCALE["one_sided"]
+    if status == NOISE:
+        return COLOR_SCALE["noise"]
     return error_color(err)
 
 
