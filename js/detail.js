@@ -1,4 +1,4 @@
-// The detail of one record: both sides, every error figure and the |diff| histogram.
+// The detail of one record: both sides, every error figure, the rounding verdict and the |diff| histogram.
 
 import { h, clear } from "./dom.js";
 import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
@@ -30,6 +30,31 @@ function histogram(counts) {
   return h("div", {}, bars, labels);
 }
 
+const has = (v) => v !== null && v !== undefined;
+
+/** How many times farther: "37×", "2.5×", "1.2e+4×". */
+function times(x) {
+  if (!Number.isFinite(x)) return "∞×";
+  return `${x >= 100 && x < 1e4 ? Math.round(x) : x.toPrecision(2)}×`;
+}
+
+/** The rounding verdict: both runtimes against the node rerun in float64 on torch's inputs. */
+function rounding(row) {
+  const block = h("div", { class: "sbs-rounding" },
+    kv([["torch vs float64", fmtErr(row.err_torch)], ["onnxruntime vs float64", fmtErr(row.err_onnx)],
+      ["reference scale", fmtErr(row.ref_scale)]]));
+  let text = null;
+  if (row.noise === true) text = "rounding: onnxruntime about as close to exact as torch";
+  else if (row.noise === false) {
+    const t = row.err_torch, o = row.err_onnx;
+    if (has(t) && has(o) && t > 0 && o / t > 1) text = `beyond rounding: onnxruntime ${times(o / t)} farther from exact than torch`;
+    else if (t === 0 && o > 0) text = "beyond rounding: torch is exact, onnxruntime is not";
+    else text = "beyond rounding";
+  }
+  if (text) block.append(h("div", { class: "sbs-verdict", "data-noise": String(row.noise), text }));
+  return block;
+}
+
 /** ctx: {atol, rtol, within: bool|null (at the current tolerances)} */
 export function renderDetail(container, row, ctx) {
   clear(container);
@@ -44,11 +69,12 @@ export function renderDetail(container, row, ctx) {
       h("span", { class: "sbs-muted", text: `#${row.i} · ${row.kind} · ${verdict}` })),
     h("h4", { text: "errors" }),
     kv([["err_abs", fmtErr(row.err_abs)], ["err_rel", fmtErr(row.err_rel)], ["err_dev", fmtErr(row.err_dev)],
-      ["err_local", fmtErr(row.err_local)], ["err_nan", row.err_nan], ["> 0.1", fmtInt(row.err_h01)],
+      ["err_local", fmtErr(row.err_local)], ["min atol", fmtErr(row.min_atol)], ["err_nan", row.err_nan], ["> 0.1", fmtInt(row.err_h01)],
       ["> 0.01", fmtInt(row.err_h001)], ["elements", fmtInt(row.n_elements)],
       // at the run's tolerances: which indices of each axis hold the elements beyond it
       ["beyond tolerance at", row.err_where]]),
   );
+  if (has(row.err_torch) || has(row.err_onnx)) container.append(h("h4", { text: "rounding (float64 reference)" }), rounding(row));
   if (Array.isArray(row.histogram) && row.histogram.length) {
     container.append(h("h4", { text: "|diff| histogram" }), histogram(row.histogram));
   }

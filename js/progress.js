@@ -3,8 +3,7 @@
 import { h, clear } from "./dom.js";
 import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
 import { toNumber } from "./rows.js";
-
-const STATUS_ORDER = ["ok", "mismatch", "one-sided", "reset", "error"];
+import { STATUSES } from "./rules.js";
 
 export function createProgress({ onWorst }) {
   const badge = h("span", { class: "sbs-badge", "data-status": "idle", text: "idle" });
@@ -38,7 +37,7 @@ export function createProgress({ onWorst }) {
       current.title = current.textContent;
       clear(counts);
       const c = p.counts || {};
-      for (const s of STATUS_ORDER) {
+      for (const s of STATUSES) {
         if (c[s]) counts.append(h("span", { class: "sbs-chip", "data-status": s, text: `${s} ${fmtInt(c[s])}` }));
       }
       const w = toNumber(p.worst);

@@ -49,8 +49,13 @@ function searchText(row) {
   return row._search;
 }
 
+/** A pair whose difference is rounding: onnxruntime about as close to the float64 reference as torch
+ *  (status noise; `noise` is also true on reset records that were noise). */
+export const isNoise = (row) => row.status === "noise" || row.noise === true;
+
 /** Indices of the rows passing `filter`:
- *  {text: "words all present in names/op/target/module", beyond: bool, col: "err_abs", min, max, status} */
+ *  {text: "words all present in names/op/target/module", beyond: bool, hideNoise: bool, col: "err_abs",
+ *   min, max, status} */
 export function filterIndex(rows, filter = {}, tol = {}) {
   const words = (filter.text || "").toLowerCase().split(/\s+/).filter(Boolean);
   const col = filter.col || "err_abs";
@@ -61,6 +66,7 @@ export function filterIndex(rows, filter = {}, tol = {}) {
   for (let k = 0; k < rows.length; k++) {
     const row = rows[k];
     if (filter.status && row.status !== filter.status) continue;
+    if (filter.hideNoise && isNoise(row)) continue;
     if (words.length) {
       const s = searchText(row);
       let ok = true;

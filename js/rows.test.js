@@ -1,9 +1,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { RunRows, SortCache, decodeRows, filterIndex, isWithin, sortIndex } from "./rows.js";
+import { RunRows, SortCache, decodeRows, filterIndex, isNoise, isWithin, sortIndex } from "./rows.js";
 import { toCSV } from "./csv.js";
 import { fmtErr } from "./format.js";
-import { colorFor } from "./rules.js";
+import { colorFor, STATUSES } from "./rules.js";
 
 const enc = (x) => new TextEncoder().encode(JSON.stringify(x));
 
@@ -108,4 +108,37 @@ test("SortCache gives the same order as sortIndex, filtered or not, and reuses i
   rows.push({ err_abs: 1, ep_name: "z" }); // new rows (streaming) drop the cached orders
   assert.equal(cache.sort(Uint32Array.from(rows.keys()), rows, "err_abs", -1)[0], 2000);
   assert.equal(cache.orders.size, 1);
+});
+
+test("noise: its own colour off the error scale, hidden on demand, min_atol sorts like an error", () => {
+  const noise = colorFor(3e-4, "noise");
+  assert.equal(noise, "#6baed68c");
+  assert.equal(colorFor(1e-9, "noise"), noise);
+  assert.equal(colorFor(NaN, "noise"), noise);
+  for (const e of [-8, -6, -4, -2, 0]) {
+    assert.notEqual(colorFor(10 ** e, "ok"), noise);
+    assert.notEqual(colorFor(10 ** e, "mismatch"), noise);
+  }
+  assert.notEqual(colorFor(3e-4, "reset"), noise, "a reset record that was noise stays painted as a reset");
+  assert.ok(STATUSES.includes("noise"));
+
+  const rows = [
+    { ep_name: "a", err_abs: 1e-3, err_rel: 1, status: "mismatch", within_tolerance: false, noise: false, min_atol: 1e-3 },
+    { ep_name: "b", err_abs: 3e-4, err_rel: 1, status: "noise", within_tolerance: false, noise: true, min_atol: 3e-4 },
+    { ep_name: "c", err_abs: 1e-7, err_rel: 1e-7, status: "ok", within_tolerance: true, noise: null, min_atol: 0 },
+    { ep_name: "d", err_abs: 2e-4, err_rel: 1, status: "reset", within_tolerance: false, noise: true, min_atol: 2e-4 },
+    { ep_name: "e", err_abs: NaN, err_rel: NaN, err_nan: 2, status: "noise", within_tolerance: false, noise: true, min_atol: Infinity },
+    { ep_name: "f", err_abs: null, status: "one-sided", min_atol: null },
+  ];
+  const tol = { atol: 1e-4, rtol: 1e-4, runAtol: 1e-4, runRtol: 1e-4 };
+  assert.deepEqual(rows.map(isNoise), [false, true, false, true, true, false]);
+  assert.deepEqual([...filterIndex(rows, { status: "noise" }, tol)], [1, 4]);
+  // "only beyond tolerance" keeps its meaning; "hide noise" takes out the rounding, reset or not
+  assert.deepEqual([...filterIndex(rows, { beyond: true }, tol)], [0, 1, 3, 4]);
+  assert.deepEqual([...filterIndex(rows, { beyond: true, hideNoise: true }, tol)], [0]);
+  assert.deepEqual([...filterIndex(rows, { hideNoise: true }, tol)], [0, 2, 5]);
+  assert.deepEqual([...filterIndex(rows, { col: "min_atol", min: "2.5e-4" }, tol)], [0, 1, 4]);
+  const all = () => Uint32Array.from(rows.keys());
+  assert.deepEqual([...sortIndex(all(), rows, "min_atol", -1)], [4, 0, 1, 3, 2, 5]);
+  assert.deepEqual([...sortIndex(all(), rows, "min_atol", 1)], [2, 3, 1, 0, 4, 5]);
 });

@@ -55,6 +55,7 @@ export const ERROR_FILL = COLOR_SCALE.error;
 export const ERROR_LINE = COLOR_SCALE.error_line;
 export const RESET_LINE = COLOR_SCALE.reset_line;
 export const STUB_FILL = COLOR_SCALE.stub;
+export const NOISE_FILL = COLOR_SCALE.noise;
 
 /** shared_rules.error_color: colour of an absolute error (null: nothing compared; NaN/inf: the worst). */
 export function errorColor(err) {
@@ -72,5 +73,7 @@ export function errorColor(err) {
 export function colorFor(err, status) {
   if (status === "error") return ERROR_FILL;
   if (status === "one-sided" && (err === null || err === undefined)) return ONE_SIDED_FILL;
+  // beyond tolerance by rounding alone: off the green-red scale, whatever its size
+  if (status === "noise") return NOISE_FILL;
   return errorColor(err);
 }

@@ -49,6 +49,11 @@ export const CSS = `
 .sbs-chip { display: inline-flex; align-items: center; gap: 3px; padding: 0 6px; border-radius: 3px;
   background: var(--sbs-bg2); font-family: var(--sbs-mono); font-size: 11px; line-height: 18px; }
 .sbs-chip[data-status=mismatch], .sbs-chip[data-status=error] { color: hsl(0, 70%, 50%); }
+/* noise: beyond tolerance by rounding alone; a blue off the green-red error scale (contrast about 4:1
+   on both the light and the dark theme's background) */
+.sbs-chip[data-status=noise] { color: hsl(207, 70%, 46%); }
+.sbs-badge[data-status=noise] { border-color: hsl(207, 70%, 46%); color: hsl(207, 70%, 46%); }
+.sbs-badge[data-status=mismatch] { border-color: hsl(0, 70%, 50%); color: hsl(0, 70%, 50%); }
 .sbs-chip button { height: 16px; padding: 0 3px; border: none; background: none; line-height: 1; }
 .sbs-current { max-width: 320px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .sbs-message { color: hsl(0, 70%, 50%); font-family: var(--sbs-mono); white-space: pre-wrap; }
@@ -58,13 +63,13 @@ export const CSS = `
 .sbs-main { display: flex; gap: 6px; min-height: 0; align-items: stretch; }
 .sbs-table { flex: 1 1 auto; min-width: 0; border: 1px solid var(--sbs-border); border-radius: 3px; }
 .sbs-scroll { height: ${VIEW_HEIGHT + ROW_HEIGHT + 2}px; overflow: auto; position: relative; outline: none; }
-.sbs-grid { display: grid; grid-template-columns: var(--sbs-cols); min-width: 780px; }
+.sbs-grid { display: grid; grid-template-columns: var(--sbs-cols); min-width: 850px; }
 .sbs-head { position: sticky; top: 0; z-index: 2; background: var(--sbs-bg2); border-bottom: 1px solid var(--sbs-border);
   height: ${ROW_HEIGHT + 2}px; }
 .sbs-head > div { padding: 3px 5px; font-weight: 600; cursor: pointer; user-select: none; white-space: nowrap;
   overflow: hidden; text-overflow: ellipsis; }
 .sbs-head > div[data-sort]::before { content: attr(data-sort); margin-right: 2px; color: var(--sbs-accent); font-size: 9px; }
-.sbs-body { position: relative; min-width: 780px; }
+.sbs-body { position: relative; min-width: 850px; }
 .sbs-row { position: absolute; left: 0; right: 0; height: ${ROW_HEIGHT}px; cursor: pointer;
   border-bottom: 1px solid color-mix(in srgb, var(--sbs-border) 50%, transparent); }
 .sbs-row:hover { outline: 1px solid var(--sbs-border); outline-offset: -1px; }
@@ -81,6 +86,9 @@ export const CSS = `
 .sbs-kv { display: grid; grid-template-columns: max-content 1fr; gap: 1px 8px; }
 .sbs-kv > div:nth-child(odd) { color: var(--sbs-fg2); }
 .sbs-kv > div:nth-child(even) { font-family: var(--sbs-mono); overflow-wrap: anywhere; }
+.sbs-verdict { margin-top: 2px; }
+.sbs-verdict[data-noise=true] { color: hsl(207, 70%, 46%); }
+.sbs-verdict[data-noise=false] { color: hsl(0, 70%, 50%); }
 .sbs-trace { font-family: var(--sbs-mono); white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11px; }
 .sbs-hist { display: flex; align-items: flex-end; gap: 2px; height: 54px; margin-top: 4px; }
 .sbs-hist > div { flex: 1; display: flex; flex-direction: column; justify-content: flex-end; align-items: center; height: 100%; }

@@ -19,6 +19,7 @@ export const COLUMNS = [
   { key: "err_abs", label: "err_abs", width: "70px", num: true, err: true },
   { key: "err_rel", label: "err_rel", width: "70px", num: true, err: true },
   { key: "err_local", label: "err_local", width: "70px", num: true, err: true, title: "error of the node run on torch inputs (node_local=True)" },
+  { key: "min_atol", label: "min atol", width: "70px", num: true, err: true, title: "smallest atol this pair passes at the run's rtol" },
   { key: "module", label: "module", width: "minmax(70px, 1fr)" },
 ];
 

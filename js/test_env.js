@@ -40,7 +40,7 @@ export function fakeModel(state, runs = {}) {
 
 export const COLUMNS = ["ep_name", "onnx_name", "onnx_node_name", "ep_target", "onnx_op_type", "ep_shape_type",
   "onnx_shape_type", "err_abs", "err_rel", "err_local", "err_nan", "status", "kind", "module", "stack_trace",
-  "histogram", "within_tolerance", "comment", "err_where"];
+  "histogram", "within_tolerance", "comment", "err_where", "min_atol", "err_torch", "err_onnx", "ref_scale", "noise"];
 
 export function makeRow(k, over = {}) {
   const r = {
@@ -48,7 +48,8 @@ export function makeRow(k, over = {}) {
     onnx_op_type: k % 3 ? "Add" : "MatMul", ep_shape_type: "f32[2,30,16]", onnx_shape_type: "f32[2,30,16]",
     err_abs: (k * 7919 % 1000) * 1e-7, err_rel: 1e-6, err_local: null, err_nan: 0, status: "ok", kind: "node",
     module: `decoder.layer${k % 4}`, stack_trace: "model.py:12 forward", histogram: [1, 2, 3, 0, 0, 0, 0, 0, 0, 0],
-    within_tolerance: true, comment: "", err_where: null, ...over,
+    within_tolerance: true, comment: "", err_where: null, min_atol: 0, err_torch: null, err_onnx: null, ref_scale: null,
+    noise: null, ...over,
   };
   return COLUMNS.map((c) => r[c]);
 }

@@ -5,7 +5,7 @@
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
 import { fmtInt, visible } from "./format.js";
-import { colorFor, MESSAGES } from "./rules.js";
+import { colorFor, MESSAGES, STATUSES } from "./rules.js";
 import { SortCache, filterIndex, isNumeric, isWithin } from "./rows.js";
 import { createRowSync } from "./sync.js";
 import { createTable } from "./table.js";
@@ -24,7 +24,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const on = (event, fn) => { model.on(event, fn); disposers.push(() => model.off(event, fn)); };
 
   let shown = model.get("run_id");
-  let filter = { text: "", beyond: false, status: "", col: "err_abs", min: "", max: "" };
+  let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "" };
   let sort = { key: null, dir: 1 };
   let index = new Uint32Array(0);
   let selected = -1;
@@ -57,9 +57,10 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const title = h("span", { class: "sbs-title" });
 
   const search = h("input", { type: "text", placeholder: "filter names, op, module…", "aria-label": "filter", style: { width: "200px" } });
-  const beyond = h("input", { type: "checkbox" });
-  const statusSel = h("select", { "aria-label": "status" }, ["", "ok", "mismatch", "one-sided", "reset", "error"].map((s) => h("option", { value: s, text: s || "any status" })));
-  const colSel = h("select", { "aria-label": "error column" }, ["err_abs", "err_rel", "err_local", "err_dev"].map((s) => h("option", { value: s, text: s })));
+  const beyond = h("input", { type: "checkbox", "aria-label": "only beyond tolerance" });
+  const hideNoise = h("input", { type: "checkbox", "aria-label": "hide noise" });
+  const statusSel = h("select", { "aria-label": "status" }, ["", ...STATUSES].map((s) => h("option", { value: s, text: s || "any status" })));
+  const colSel = h("select", { "aria-label": "error column" }, ["err_abs", "err_rel", "err_local", "err_dev", "min_atol"].map((s) => h("option", { value: s, text: s })));
   const minIn = h("input", { type: "text", class: "sbs-range", placeholder: "min", "aria-label": "min error" });
   const maxIn = h("input", { type: "text", class: "sbs-range", placeholder: "max", "aria-label": "max error" });
   const atolIn = h("input", { type: "text", class: "sbs-tol", "aria-label": "atol" });
@@ -99,7 +100,9 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
     prog.message,
     h("div", { class: "sbs-bar" },
-      search, h("label", {}, beyond, "only beyond tolerance"), statusSel,
+      search, h("label", {}, beyond, "only beyond tolerance"),
+      h("label", { title: "hide the pairs whose difference is rounding: onnxruntime about as close to a float64 reference as torch (status noise, and reset pairs that were noise)" }, hideNoise, "hide noise"),
+      statusSel,
       h("label", {}, colSel, minIn, "–", maxIn),
       h("span", { class: "sbs-spacer-flex" }),
       h("label", { title: "re-judges without rerunning; the next run uses them" }, "atol", atolIn),
@@ -161,11 +164,11 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   }
 
   function readFilter() {
-    filter = { text: search.value, beyond: beyond.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value };
+    filter = { text: search.value, beyond: beyond.checked, hideNoise: hideNoise.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value };
     refresh();
   }
   for (const input of [search, minIn, maxIn]) input.addEventListener("input", readFilter);
-  for (const input of [beyond, statusSel, colSel]) input.addEventListener("change", readFilter);
+  for (const input of [beyond, hideNoise, statusSel, colSel]) input.addEventListener("change", readFilter);
 
   function setTolerance(name, input) {
     const v = Number(input.value);

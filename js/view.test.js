@@ -187,3 +187,89 @@ test("Stop is enabled while a run streams and asks the kernel to stop; the view 
   assert.equal(el.querySelector(".sbs-badge").textContent, "stopped");
   dispose();
 });
+
+const NOISE = { err_abs: 3e-4, err_rel: 1e-2, within_tolerance: false, status: "noise", noise: true, min_atol: 2.9e-4, err_torch: 1.5e-4, err_onnx: 1.8e-4, ref_scale: 40 };
+const MISMATCH = { err_abs: 2e-3, err_rel: 1e-2, within_tolerance: false, status: "mismatch", noise: false, min_atol: 2e-3, err_torch: 1e-7, err_onnx: 3.7e-6, ref_scale: 2 };
+
+test("noise: a status of the select, its own colour and count, hidden by 'hide noise' under 'only beyond tolerance'", async () => {
+  // rows 0, 10, ..., 90 mismatch; 5, 15, ..., 95 noise; the rest ok
+  const { model, el, dispose } = mount(100, (k) => (k % 10 === 0 ? MISMATCH : k % 10 === 5 ? NOISE : {}));
+  model.set("progress", { ...model.get("progress"), counts: { ok: 80, noise: 10, mismatch: 10 } });
+  await tick();
+  const root = el.querySelector(".sbs-root");
+  const status = el.querySelector('select[aria-label="status"]');
+  assert.deepEqual([...status.options].map((o) => o.value), ["", "ok", "noise", "mismatch", "one-sided", "reset", "error"]);
+  status.value = "noise";
+  status.dispatchEvent(new window.Event("change"));
+  assert.equal(root.dataset.shown, "10");
+  const painted = shownRows(el)[0].style.background;
+  assert.ok(painted, "a noise row has a background");
+  assert.equal(new Set(shownRows(el).map((r) => r.style.background)).size, 1, "one colour whatever the error");
+  status.value = "";
+  status.dispatchEvent(new window.Event("change"));
+
+  const beyond = el.querySelector('input[aria-label="only beyond tolerance"]');
+  const hide = el.querySelector('input[aria-label="hide noise"]');
+  assert.ok(hide.closest("label").textContent.includes("hide noise"));
+  beyond.checked = true;
+  beyond.dispatchEvent(new window.Event("change"));
+  assert.equal(root.dataset.shown, "20", "beyond tolerance still means within_tolerance false: noise included");
+  hide.checked = true;
+  hide.dispatchEvent(new window.Event("change"));
+  assert.equal(root.dataset.shown, "10", "the real mismatches");
+  assert.ok(shownRows(el).every((r) => Number(r.dataset.k) % 10 === 0));
+  beyond.checked = false;
+  beyond.dispatchEvent(new window.Event("change"));
+  assert.equal(root.dataset.shown, "90");
+
+  const chips = [...el.querySelectorAll(".sbs-chip")].map((c) => [c.dataset.status, c.textContent]);
+  assert.deepEqual(chips, [["ok", "ok 80"], ["noise", "noise 10"], ["mismatch", "mismatch 10"]]);
+  assert.ok(el.querySelector("style").textContent.includes(".sbs-chip[data-status=noise]"));
+  dispose();
+});
+
+test("min atol: a sortable error column, worst first", async () => {
+  const { el, dispose } = mount(50, (k) => ({ min_atol: k === 31 ? 0.25 : k === 7 ? null : k * 1e-6 }));
+  await tick();
+  const head = header(el, "min_atol");
+  assert.equal(head.textContent, "min atol");
+  assert.equal(head.title, "smallest atol this pair passes at the run's rtol");
+  head.click();
+  const order = () => shownRows(el).sort((a, b) => parseFloat(a.style.transform.slice(11)) - parseFloat(b.style.transform.slice(11)));
+  let first = order();
+  assert.equal(first[0].dataset.k, "31");
+  assert.equal(head.dataset.sort, "▼");
+  const col = [...el.querySelectorAll(".sbs-head > div")].indexOf(head);
+  assert.equal(first[0].children[col].textContent, "2.50e-1");
+  head.click();
+  first = order();
+  assert.equal(first[0].dataset.k, "0");
+  assert.equal(first[0].children[col].textContent, "0");
+  dispose();
+});
+
+test("detail: the rounding verdict, as text", async () => {
+  const evil = '<img src=x onerror="globalThis.pwned=2">';
+  const { el, dispose } = mount(4, (k) => (k === 1 ? { ...NOISE, ep_name: evil } : k === 2 ? MISMATCH : k === 3 ? { ...MISMATCH, err_torch: 0 } : {}));
+  await tick();
+  const detail = () => el.querySelector(".sbs-detail");
+  shownRows(el)[1].click();
+  let text = detail().textContent;
+  assert.ok(text.includes("torch vs float641.50e-4"), text);
+  assert.ok(text.includes("onnxruntime vs float641.80e-4"));
+  assert.ok(text.includes("reference scale4.00e+1"));
+  assert.ok(text.includes("min atol2.90e-4"));
+  assert.equal(detail().querySelector(".sbs-verdict").textContent, "rounding: onnxruntime about as close to exact as torch");
+  assert.equal(detail().querySelector(".sbs-badge").textContent, "noise");
+  assert.equal(detail().querySelector("img"), null);
+  shownRows(el)[2].click();
+  assert.equal(detail().querySelector(".sbs-verdict").textContent, "beyond rounding: onnxruntime 37× farther from exact than torch");
+  shownRows(el)[3].click();
+  assert.equal(detail().querySelector(".sbs-verdict").textContent, "beyond rounding: torch is exact, onnxruntime is not");
+  shownRows(el)[0].click(); // within tolerance: no reference computed, no block
+  assert.equal(detail().querySelector(".sbs-verdict"), null);
+  assert.ok(!detail().textContent.includes("float64"));
+  await tick();
+  assert.equal(globalThis.pwned, undefined);
+  dispose();
+});

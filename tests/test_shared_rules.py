@@ -17,7 +17,7 @@ import pytest
 
 from sbs_widget.graphs.dot import _digraph, _paint
 from sbs_widget.graphs.spec import GraphSpec
-from sbs_widget.records import ERROR, MISMATCH, OK, ONE_SIDED, RESET, STATUSES, Record
+from sbs_widget.records import ERROR, MISMATCH, NOISE, OK, ONE_SIDED, RESET, STATUSES, Record
 from sbs_widget.views import shared_rules as rules
 from sbs_widget.views.rows import encode_rows
 
@@ -32,13 +32,14 @@ import { decodeRows } from "%(js)s/rows.js";
 import { colorFor, errorColor, isExact, isWithin, ROW_COLUMNS } from "%(js)s/rules.js";
 const input = JSON.parse(readFileSync(0, "utf8"));
 const rows = decodeRows(new TextEncoder().encode(input.payload), ROW_COLUMNS, 0);
+const VALUES = %(values)s;
 const num = (v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v); // NaN/inf through JSON
 const g = indexGraph(input.spec);
 const { paint } = paintGraph(g, rows);
 const clusterPaint = paintClusters(g, paint);
 process.stdout.write(JSON.stringify({
   columns: ROW_COLUMNS,
-  values: rows.map((r) => ({ err_abs: num(r.err_abs), err_rel: num(r.err_rel), err_local: num(r.err_local) })),
+  values: rows.map((r) => Object.fromEntries(VALUES.map((k) => [k, num(r[k])]))),
   within: input.tolerances.map((t) => rows.map((r) => isWithin(r, ...t))),
   exact: rows.map(isExact),
   color: rows.map((r) => colorFor(r.err_abs, r.status)),
@@ -71,6 +72,19 @@ def _records() -> list[Record]:
         Record(ep_name="n7", status=MISMATCH, err_abs=4e-4, err_rel=0.5, ep_shape_type="T1s1x8",
                onnx_shape_type="T1s4x8"),
         Record(ep_name="n8", status=OK, err_abs=2.0, err_rel=1e-6, ep_shape_type="(T1s2,T1s2)", onnx_shape_type=None),
+        # rounding (issue 35): beyond tolerance, yet onnxruntime about as close to float64 as torch. A node
+        # whose worst record is noise is painted noise; a mismatch beside it wins; a reset stays a reset.
+        Record(ep_name="n9", status=OK, err_abs=1e-6, err_rel=1e-6, within_tolerance=True, min_atol=0.0),
+        Record(ep_name="n9", status=NOISE, err_abs=3e-4, err_rel=2e-3, within_tolerance=False, min_atol=2.9e-4,
+               err_torch=1.5e-4, err_onnx=1.8e-4, ref_scale=40.0, noise=True),
+        Record(ep_name="n10", status=NOISE, err_abs=0.5, err_rel=1e-3, within_tolerance=False, min_atol=0.5,
+               err_torch=0.25, err_onnx=0.3, ref_scale=2e4, noise=True),
+        Record(ep_name="n10", status=MISMATCH, err_abs=1e-3, within_tolerance=False, min_atol=1e-3,
+               err_torch=1e-7, err_onnx=1e-3, ref_scale=1.0, noise=False),
+        Record(ep_name="n11", status=RESET, err_abs=2e-4, within_tolerance=False, min_atol=2e-4,
+               err_torch=1e-4, err_onnx=1e-4, ref_scale=8.0, noise=True),
+        Record(ep_name="n12", status=NOISE, err_abs=NAN, err_rel=NAN, err_nan=1, within_tolerance=False,
+               min_atol=INF, err_torch=NAN, err_onnx=NAN, ref_scale=INF, noise=True),
     ]
     assert {r.status for r in out} == set(STATUSES)
     return out
@@ -91,12 +105,15 @@ def _run_js(payload: str, tolerances, errors, spec) -> dict:
     node = shutil.which("node")
     if node is None or not (ROOT / "node_modules").exists():
         pytest.skip("node or node_modules missing (npm install)")
-    script = JS % {"js": (ROOT / "js").as_uri()}
+    script = JS % {"js": (ROOT / "js").as_uri(), "values": json.dumps(VALUES)}
     done = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, timeout=120,
                           input=json.dumps({"payload": payload, "tolerances": tolerances, "errors": errors,
                                             "spec": spec}).encode())
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
+
+
+VALUES = ("err_abs", "err_rel", "err_local", "min_atol", "err_torch", "err_onnx", "ref_scale", "noise")
 
 
 def _num(v):
@@ -118,11 +135,13 @@ def test_python_and_js_rules_agree():
 
     assert js["columns"] == list(rules.ROW_COLUMNS)
     # non-finite values: encoded by Python, read back by the view as the same numbers
-    assert js["values"] == [{k: _num(getattr(r, k)) for k in ("err_abs", "err_rel", "err_local")} for r in records]
+    assert js["values"] == [{k: _num(getattr(r, k)) for k in VALUES} for r in records]
     assert js["exact"] == [rules.is_exact(r) for r in records]
     for t, answers in zip(tolerances, js["within"]):
         assert answers == [rules.within(r, *t) for r in records], t
     assert js["color"] == [rules.color_for(r.err_abs, r.status) for r in records]
+    noise_colors = {c for c, r in zip(js["color"], records) if r.status == NOISE}
+    assert noise_colors == {rules.COLOR_SCALE["noise"]}, "noise is painted noise, whatever its error"
     assert js["scale"] == [rules.error_color(None if e is None else float(e)) for e in errors]
 
     # graph paint: the worst error and status per node, then the DOT colours and broadcast stubs
@@ -138,6 +157,10 @@ def test_python_and_js_rules_agree():
 
     assert fills(js["dot"]) == fills(py_dot) and len(fills(py_dot)) == len(spec.nodes)
     assert clusters(js["dot"]) == clusters(py_dot) and len(clusters(py_dot)) == 2
+    node = {n["name"]: str(i) for i, n in enumerate(spec.nodes)}
+    assert fills(py_dot)[node["n9"]] == fills(py_dot)[node["n12"]] == rules.COLOR_SCALE["noise"]  # worst: noise
+    assert fills(py_dot)[node["n10"]] == rules.color_for(0.5, MISMATCH)  # a mismatch beside noise wins
+    assert fills(py_dot)[node["n11"]] == rules.color_for(2e-4, RESET)
     assert js["dot"].count("shape=cds") == py_dot.count("shape=cds") == 6  # n0's six readers; n1's five are edges
 
 

@@ -8,7 +8,7 @@ import {
 import { fmtInt, visible } from "../format.js";
 import { createPane, el } from "./pane.js";
 import { CSS } from "./style.js";
-import { colorFor as defaultColorFor, ERROR_FILL, ERROR_LINE, errorColor, NOT_COMPARED, ONE_SIDED_FILL, RESET_LINE } from "../rules.js";
+import { colorFor as defaultColorFor, ERROR_FILL, ERROR_LINE, errorColor, NOISE_FILL, NOT_COMPARED, ONE_SIDED_FILL, RESET_LINE } from "../rules.js";
 
 const SIDES = ["fx", "onnx"];
 const OTHER = { fx: "onnx", onnx: "fx" };
@@ -401,6 +401,7 @@ function legend(colorFor) {
   };
   box.append(
     el("span", null, "|err| 1e-8"), ramp, el("span", null, "1"),
+    chip(NOISE_FILL, "", "noise (rounding)"),
     chip(ONE_SIDED_FILL, "border-style:dashed", "one-sided"),
     chip(errorColor(0), `border:2px solid ${RESET_LINE}`, "reset"),
     chip(ERROR_FILL, `border:2px solid ${ERROR_LINE}`, "error"),

@@ -170,3 +170,22 @@ test("color scale matches sbs_widget.views.shared_rules.error_color", () => {
   assert.equal(errorColor(null), "#ffffff00");
   assert.equal(colorFor(null, "error"), "#7b329476");
 });
+
+test("a node whose worst record is noise is painted noise; a mismatch beside it wins; errorPath stops at noise", () => {
+  const rows = [
+    { i: 0, ep_name: "linear", err_abs: 1e-6, status: "ok" },
+    { i: 1, ep_name: "linear", err_abs: 3e-4, status: "noise", noise: true },
+    { i: 2, ep_name: "gelu", err_abs: 0.2, status: "noise", noise: true },
+    { i: 3, ep_name: "gelu", err_abs: 1e-3, status: "mismatch", noise: false },
+    { i: 4, ep_name: "add", err_abs: 0.5, status: "mismatch" },
+  ];
+  const { paint } = paintGraph(fx, rows);
+  assert.deepEqual(paint[1], { err: 3e-4, status: "noise" });
+  assert.deepEqual(paint[2], { err: 0.2, status: "mismatch" });
+  const { dot } = buildView(fx, { colorFor, paint });
+  assert.match(dot, new RegExp(`n1 \\[label="linear" fillcolor="${colorFor(3e-4, "noise")}"`));
+  assert.equal(colorFor(3e-4, "noise"), "#6baed68c");
+  assert.match(dot, new RegExp(`n2 \\[label="gelu" fillcolor="${colorFor(0.2, "mismatch")}"`));
+  // rounding is not where an error starts: the path from add goes to gelu (a mismatch), not further to linear
+  assert.deepEqual(errorPath(fx, paint, 3), [3, 2]);
+});

@@ -219,8 +219,8 @@ def test_fifty_thousand_rows(lab, lab_page):
         "sort module": {"click": head.format("module")},
         "filter text 'layers.7'": {"input": "input[aria-label='filter']", "fill": "layers.7"},
         "filter text cleared": {"input": "input[aria-label='filter']", "fill": ""},
-        "filter beyond tolerance": {"check": ".sbs-bar label input[type=checkbox]"},
-        "filter within again": {"check": ".sbs-bar label input[type=checkbox]"},
+        "filter beyond tolerance": {"check": "input[aria-label='only beyond tolerance']"},
+        "filter within again": {"check": "input[aria-label='only beyond tolerance']"},
         "filter err_abs >= 1e-3": {"input": "input[aria-label='min error']", "fill": "1e-3"},
         "edit atol (recolor)": {"input": "input[aria-label='atol']", "fill": "0.01", "event": "change"},
     }
