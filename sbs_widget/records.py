@@ -51,6 +51,8 @@ class Record:
       rounding), max |ONNX node-local value - reference| (onnxruntime's, on the same inputs), and
       max |reference|. ``noise`` says whether the difference is rounding (``engine/noise.py``); None
       where no reference was computed (within tolerance, or no float64 kernel: see the comment).
+      ``local_noise``: whether the node itself, on torch's inputs, is within rounding (a pair can be
+      a mismatch by what it inherits while its node only rounds).
     """
 
     ep_id_node: int | None = None
@@ -88,6 +90,7 @@ class Record:
     err_onnx: float | None = None    # ONNX (node-local) vs the float64 reference
     ref_scale: float | None = None   # max |reference|
     noise: bool | None = None        # beyond tolerance by rounding alone (see engine/noise.py)
+    local_noise: bool | None = None  # the ONNX node on torch inputs rounds like torch (creates nothing)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -82,16 +82,18 @@ def _g(x: float | None) -> str:
 
 
 def _beyond(rec: Record) -> bool:
+    """Beyond tolerance and beyond rounding (``noise`` pairs are never culprits)."""
     if rec.status == R.MISMATCH:
         return True
     if rec.status == R.RESET:
-        return rec.within_tolerance is False
+        return rec.within_tolerance is False and rec.noise is not True
     return False
 
 
 def _local_share(rec: Record, atol: float) -> float:
-    """Share of the value's error the node creates by itself, 0 when its local error is noise."""
-    if rec.err_local is None or not rec.err_abs:
+    """Share of the value's error the node creates by itself, 0 when its local error is noise (below
+    ``atol``, or as close to exact as torch's own: ``Record.local_noise``)."""
+    if rec.err_local is None or not rec.err_abs or rec.local_noise:
         return 0.0
     if not math.isfinite(rec.err_local):
         return 1.0
@@ -183,8 +185,11 @@ class _Context:
             if rec.err_nan and not best_err[0]:
                 found = cur if cur != k else None  # NaN/Inf born here
                 break
-            if cur != k and not rec.err_nan and rec.err_local is not None and rec.err_abs \
-                    and rec.err_local >= 0.5 * rec.err_abs:
+            # where the error is born: beyond rounding on torch's inputs (judged against float64 where
+            # the run did), or most of its own error
+            creates = rec.local_noise is False or (rec.local_noise is None and rec.err_local is not None
+                                                   and rec.err_abs and rec.err_local >= 0.5 * rec.err_abs)
+            if cur != k and not rec.err_nan and creates:
                 found = cur
                 break
             if best is None:

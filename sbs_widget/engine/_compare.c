@@ -19,7 +19,7 @@
 #define N_EDGES 10 /* metrics.HISTOGRAM_EDGES: 0, 1e-7, ..., 10 (the last bucket is open) */
 
 typedef struct {
-    float top, rel;
+    float top, rel, slack, scale; /* max |diff|, max relative, max (|diff| - rtol |e|), max |e| */
     double sumsq;
     Py_ssize_t viol, h01, h001;
     Py_ssize_t hist[N_EDGES];
@@ -91,7 +91,7 @@ static const float *data(const Py_buffer *view, const float *copy) {
 SIMD_CLONES
 static void measure(const float *e, const float *g, Py_ssize_t n, float atol, float rtol, Figures *f) {
     const float eps = 1e-6f, tenth = 0.1f, hundredth = 0.01f;
-    float top[LANES] = {0}, rel[LANES] = {0}, sq[LANES] = {0};
+    float top[LANES] = {0}, rel[LANES] = {0}, sq[LANES] = {0}, slack[LANES] = {0}, scale[LANES] = {0};
     int bad[LANES] = {0}, viol[LANES] = {0}, h01[LANES] = {0}, h001[LANES] = {0};
     float tail_e[LANES] = {0}, tail_g[LANES] = {0}; /* the last values, padded with zeros (neutral) */
     double sumsq = 0.0;
@@ -111,9 +111,12 @@ static void measure(const float *e, const float *g, Py_ssize_t n, float atol, fl
             float limit = a * rtol;
             limit = limit + atol;
             float r = d / (a < eps ? eps : a);
+            float over = d - a * rtol; /* the atol this element needs */
             bad[j] |= !(d <= FLT_MAX); /* NaN or Inf: numpy's path counts such positions */
             top[j] = d > top[j] ? d : top[j];
             rel[j] = r > rel[j] ? r : rel[j];
+            slack[j] = over > slack[j] ? over : slack[j];
+            scale[j] = a > scale[j] ? a : scale[j];
             sq[j] += d * d;
             viol[j] += d > limit;
             h01[j] += d > tenth;
@@ -133,13 +136,17 @@ static void measure(const float *e, const float *g, Py_ssize_t n, float atol, fl
             blocks = 0;
         }
     }
-    float t = 0.0f, rl = 0.0f;
+    float t = 0.0f, rl = 0.0f, sl = 0.0f, sc = 0.0f;
     for (int j = 0; j < LANES; j++) {
         t = top[j] > t ? top[j] : t;
         rl = rel[j] > rl ? rel[j] : rl;
+        sl = slack[j] > sl ? slack[j] : sl;
+        sc = scale[j] > sc ? scale[j] : sc;
     }
     f->top = t;
     f->rel = rl;
+    f->slack = sl;
+    f->scale = sc;
     f->sumsq = sumsq;
     f->viol = nviol;
     f->h01 = n01;
@@ -183,7 +190,7 @@ static PyObject *new_errors(PyTypeObject *errors_type, PyObject **items, Py_ssiz
 
 static PyObject *figures_to_errors(PyTypeObject *errors_type, const Figures *f, Py_ssize_t n, double atol,
                                    int histogram) {
-    PyObject *items[9];
+    PyObject *items[11];
     int zero = f->top == 0.0f;
     items[0] = PyFloat_FromDouble(zero ? 0.0 : (double)f->top);
     items[1] = PyFloat_FromDouble(zero ? 0.0 : (double)f->rel);
@@ -205,13 +212,15 @@ static PyObject *figures_to_errors(PyTypeObject *errors_type, const Figures *f, 
     } else {
         items[8] = Py_NewRef(Py_None);
     }
-    for (int i = 0; i < 9; i++)
+    items[9] = PyFloat_FromDouble(zero ? 0.0 : (double)f->slack);
+    items[10] = PyFloat_FromDouble((double)f->scale);
+    for (int i = 0; i < 11; i++)
         if (items[i] == NULL) {
-            for (int j = 0; j < 9; j++)
+            for (int j = 0; j < 11; j++)
                 Py_XDECREF(items[j]);
             return NULL;
         }
-    return new_errors(errors_type, items, 9);
+    return new_errors(errors_type, items, 11);
 }
 
 PyDoc_STRVAR(errors_f32_doc,

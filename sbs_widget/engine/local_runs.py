@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 class NodeLocalRuns:
     """Mixin of ``LockstepRun`` (its state is the run's)."""
 
-    def _run_local(self, seg: Segment) -> dict[str, np.ndarray]:
-        """Node-local values for the compared values of ``seg`` (one session for all groups)."""
+    def _run_local(self, seg: Segment, only: set[str] | None = None) -> dict[str, np.ndarray]:
+        """Node-local values for the compared values of ``seg`` (one session for all groups), or for
+        those in ``only``."""
         p = self.p
         env = self.runner.env
-        groups = [g for g in self._local_groups(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)]
+        groups = [g for g in self._local_groups(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)
+                  and (only is None or g.value in only)]
         if not groups:
             return {}
         feeds: dict[str, np.ndarray] = {}
@@ -99,8 +101,9 @@ class NodeLocalRuns:
                 continue
         return out
 
-    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> None:
-        """err_local: the torch value against the ONNX node run on torch inputs."""
+    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> dict[int, float]:
+        """err_local: the torch value against the ONNX node run on torch inputs. Returns, per record
+        (``id``), the largest |torch value| (the scale ``verdicts`` reads ulps against)."""
         env, reshaped = self.runner.env, self.p.alignment.reshaped
         pairs, recs = [], []
         for rec, fx_name, o in items:
@@ -114,7 +117,10 @@ class NodeLocalRuns:
             if same_shape(expected, got):
                 pairs.append((expected, got))
                 recs.append(rec)
+        scales = {}
         for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol,
                                                                    scratch=self.scratch)):
             # a node turning -inf into +inf on torch inputs creates an error too
             rec.err_local = err.err_abs if not err.err_nan else float("inf")
+            scales[id(rec)] = err.scale
+        return scales

@@ -22,6 +22,7 @@ from sbs_widget.engine.onnx_side import OnnxSide
 from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP
 from sbs_widget.engine.runtimes import cores
 from sbs_widget.engine.segments import Segment
+from sbs_widget.engine.verdicts import Judging
 from sbs_widget.errors import InputError
 from sbs_widget.records import Record
 
@@ -29,12 +30,12 @@ if TYPE_CHECKING:
     from sbs_widget.engine.prepared import Prepared
 
 
-class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
+class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
                  histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu"),
-                 cancel: Cancel | None = None):
+                 cancel: Cancel | None = None, reference: bool = True):
         self.p, self.flat, self.rt = p, flat, runtime
         self.cancel = cancel or Cancel()  # time limit, stop, Ctrl-C (checked once per segment)
         self.keep_sessions = keep_sessions
@@ -42,6 +43,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
         self.atol, self.rtol, self.reset = atol, rtol, reset
         self.node_local, self.exc, self.progress = node_local, exc, progress
         self.histogram = histogram
+        self.reference = reference  # pairs beyond tolerance judged noise or mismatch (verdicts.py)
+        self._init_judging()
         self.scratch = Scratch()  # the metrics' work buffers, for the whole run
         self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans.setdefault(device, {}), device)
         self.onnx_env: dict[str, object] = {}
@@ -53,7 +56,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
         cuts = {p.index.producer[v] for v in reset}
         self.ranges = p.plan(cuts, segment_nodes)
         self.segment_of_node, self.fx_release, self.fx_need, self.release_at, single = \
-            p.release_plan(self.ranges, node_local)
+            p.release_plan(self.ranges, node_local, reference)
         # A segment runs in the runner thread, alongside the FX side's stretch, when neither side
         # needs more than a core: torch's small ops run on one thread and so does onnxruntime here.
         # Otherwise it runs in this thread after the stretch: threads beyond the cores make torch's
@@ -122,6 +125,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
         if folded:
             self._compare_many(folded)
         for rec in out:
+            if rec.status == R.MISMATCH:
+                self._add_source(rec.ep_name)
             self._check_exc(rec)  # only compared records can be beyond tolerance
             yield rec
         if error is not None:
@@ -225,9 +230,16 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
         self._compare_many(compares)
         for rec, shape_type in shapes:  # the record tells the torch value's own shape
             rec.ep_shape_type = shape_type
+        if self.reference and not self.node_local:  # node-local values where a verdict needs them
+            beyond = {o for rec, fx, o in records if rec.status == R.MISMATCH and fx is not None}
+            if beyond:
+                local = self._run_local(seg, beyond)
+        local_scale: dict[int, float] = {}
         if local:  # (an alias's torch value is its twin's: the same node-local run measures it)
-            self._local_errors([(rec, fx, o) for rec, fx, o in records
-                                if o in local and fx is not None and rec.status != R.ERROR], local)
+            local_scale = self._local_errors([(rec, fx, o) for rec, fx, o in records
+                                              if o in local and fx is not None and rec.status != R.ERROR], local)
+        if self.reference:
+            self._judge_segment(records, local, local_scale)
         reset, exc = self.reset, self.exc
         for rec, fx_name, o in records:
             if reset and o is not None and o in reset and rec.ep_name == fx_name == p.alignment.onnx_to_fx.get(o):
@@ -291,7 +303,10 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
                 vt = self.p.index.types.get(onnx_name)
                 if vt is not None and vt.elem_type and vt.elem_type != numpy_elem_type(arr):
                     raise InputError(f"input {fx_name!r}: the ONNX model expects element type {vt.elem_type}")
-                yield self._compare(rec, value, arr)
+                rec = self._compare(rec, value, arr)
+                if rec.status == R.MISMATCH:
+                    self._add_source(fx_name)
+                yield rec
 
     def _weight_records(self) -> Iterator[Record]:
         """Weights measured a batch at a time (a few vectorized passes for many small weights; the
@@ -313,9 +328,16 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
             batch.append((rec, expected, got))
             elements += got.size
             if elements >= BATCH_ELEMENTS:
-                yield from self._measured(batch)
+                yield from self._sourced(self._measured(batch))
                 batch, elements = [], 0
-        yield from self._measured(batch)
+        yield from self._sourced(self._measured(batch))
+
+    def _sourced(self, records: Iterator[Record]) -> Iterator[Record]:
+        """``records``, whose mismatches (weights, inputs: no rounding) are sources of difference."""
+        for rec in records:
+            if rec.status == R.MISMATCH:
+                self._add_source(rec.ep_name)
+            yield rec
 
 
     def _output_records(self) -> Iterator[Record]:
@@ -342,6 +364,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring):
             else:
                 rec = self._compare(rec, expected if isinstance(expected, torch.Tensor) else torch.tensor(expected),
                                     self._onnx_value(onnx_name))
+                if self.reference:
+                    self._judge_inherited_output(rec, fx_name)
                 self._check_exc(rec)
             yield rec
 

@@ -88,8 +88,9 @@ class Measuring:
                 arrays.append(pair)
         errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram,
                                      scratch=self.scratch)
-        for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram) in zip(ready, errors):
-            rec.err_abs, rec.err_rel, rec.err_dev = err_abs, err_rel, err_dev
+        for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram, min_atol, _) in \
+                zip(ready, errors):
+            rec.err_abs, rec.err_rel, rec.err_dev, rec.min_atol = err_abs, err_rel, err_dev, min_atol
             rec.err_nan, rec.err_h01, rec.err_h001 = err_nan, h01, h001
             rec.n_elements, rec.within_tolerance, rec.histogram = n, within, histogram
             rec.status = R.OK if within else R.MISMATCH
@@ -137,7 +138,7 @@ class Measuring:
         """``rec`` filled as measuring a value against its own bits (all finite) would fill it."""
         e = value.detach().numpy()  # (a view of a parameter may require grad)
         rec.ep_shape_type = rec.onnx_shape_type = _described(e)
-        rec.err_abs = rec.err_rel = rec.err_dev = 0.0
+        rec.err_abs = rec.err_rel = rec.err_dev = rec.min_atol = 0.0
         rec.err_nan = rec.err_h01 = rec.err_h001 = 0
         rec.n_elements, rec.within_tolerance, rec.status = e.size, True, R.OK
         rec.histogram = (e.size,) + (0,) * (len(HISTOGRAM_EDGES) - 1) if self.histogram else None

@@ -30,6 +30,8 @@ class Errors(NamedTuple):  # one per compared pair: a tuple, built and unpacked 
     n_elements: int
     within_tolerance: bool
     histogram: tuple[int, ...] | None = None
+    min_atol: float = 0.0  # the smallest atol the pair passes at this rtol (inf: NaN/Inf disagree)
+    scale: float = 0.0     # max |expected| over finite positions
 
 
 _new_errors = tuple.__new__  # (Errors, fields): skips NamedTuple's Python-level __new__
@@ -98,7 +100,8 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     n = int(e.size)
     if n == 0:
         return Errors(0.0, 0.0, 0.0, 0, 0, 0, 0, True, (0,) * len(HISTOGRAM_EDGES) if histogram else None)
-    if exact(e, g):
+    is_exact = exact(e, g)
+    if is_exact:
         atol = rtol = 0.0
     e = e.reshape(-1)
     g = g.reshape(-1)
@@ -126,9 +129,10 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
             diff = diff[keep]
             ae = np.abs(e[keep])
             top = diff.max() if diff.size else 0.0
+    scale = float(ae.max()) if ae.size and e.dtype.kind == "f" else 0.0
     if diff.size == 0 or top == 0.0:
         hist = ((int(diff.size),) + (0,) * (len(HISTOGRAM_EDGES) - 1)) if histogram else None
-        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist)
+        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist, math.inf if err_nan else 0.0, scale)
     err_abs = float(top)
     err_rel = float((diff / np.maximum(ae, 1e-6)).max())
     err_dev = float(np.sqrt(np.dot(diff, diff) / diff.size))
@@ -136,7 +140,13 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     h001 = int(np.count_nonzero(diff > 0.01)) if err_abs > 0.01 else 0
     within = err_nan == 0 and (err_abs <= atol or bool((diff <= atol + rtol * ae).all()))
     hist = _histogram(diff, err_abs) if histogram else None
-    return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist)
+    if err_nan:
+        min_atol = math.inf
+    elif is_exact or not rtol:
+        min_atol = err_abs
+    else:
+        min_atol = max(0.0, float((diff - rtol * ae).max()))
+    return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist, min_atol, scale)
 
 
 def beyond_where(expected, got, *, atol: float, rtol: float) -> str | None:
@@ -295,8 +305,10 @@ def compute_errors_many(pairs, *, atol: float, rtol: float, histogram: bool = Fa
         _reduce_batch(out, *batch, calc, atol, rtol, histogram, scratch, totals[calc])
     for i in exact_pairs:  # the float rule let a nonzero integer difference pass: it may not
         err = out[i]
-        if err.within_tolerance and err.err_abs:
-            out[i] = err._replace(within_tolerance=False)
+        if err.err_abs:
+            out[i] = err._replace(within_tolerance=False, min_atol=err.err_abs, scale=0.0)
+        elif err.scale:
+            out[i] = err._replace(scale=0.0)
     if compiled and compiled[0]:
         idx, es, gs = compiled
         for i, e, g, err in zip(idx, es, gs, _compare.errors_f32(Errors, es, gs, atol, rtol, histogram,
@@ -327,11 +339,13 @@ def _reduce_batch(out, idx, es, gs, sizes, calc, atol, rtol, histogram, scratch:
         highest = float(top[finite].max()) if finite.any() else 0.0
         # Passes whose answer the highest |diff| already gives are skipped: on agreeing values (the
         # common case) the tolerance test, h01/h001 and most histogram buckets cost nothing.
-        if highest > atol:  # a third buffer, only for batches beyond tolerance
-            tmp = scratch.get("tmp", total, calc)
-            np.multiply(ae, rtol, out=tmp)
-            np.add(tmp, atol, out=tmp)
-            viol = _count_per_pair(np.greater(diff, tmp, out=mask), starts).tolist()
+        scale = np.maximum.reduceat(ae, starts).tolist()
+        tmp = scratch.get("tmp", total, calc)
+        np.multiply(ae, rtol, out=tmp)
+        np.subtract(diff, tmp, out=tmp)  # the atol each element needs
+        slack = np.maximum.reduceat(tmp, starts).tolist()
+        if highest > atol:
+            viol = _count_per_pair(np.greater(tmp, atol, out=mask), starts).tolist()
         else:
             viol = _ZEROS[:k] if k <= len(_ZEROS) else [0] * k
         eps = calc(1e-6)
@@ -352,14 +366,15 @@ def _reduce_batch(out, idx, es, gs, sizes, calc, atol, rtol, histogram, scratch:
         else:
             hist = _NONES[:k] if k <= len(_NONES) else [None] * k
     new = _new_errors
-    for i, t, ok, r, d, c01, c001, v, size, hst, e, g in zip(idx, top.tolist(), finite.tolist(), rel.tolist(),
-                                                            dev.tolist(), h01, h001, viol, sizes, hist, es, gs):
+    for i, t, ok, r, d, c01, c001, v, size, hst, e, g, sl, sc in zip(
+            idx, top.tolist(), finite.tolist(), rel.tolist(), dev.tolist(), h01, h001, viol, sizes, hist, es, gs,
+            slack, scale):
         if not ok:
             out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
         elif t == 0.0:
-            out[i] = new(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, hst))
+            out[i] = new(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, hst, 0.0, sc))
         else:
-            out[i] = new(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0, hst))
+            out[i] = new(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0, hst, max(0.0, sl), sc))
 
 
 _ZEROS = [0] * 4096   # read-only stand-ins for the columns a batch skips (sliced, never written)

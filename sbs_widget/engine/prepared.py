@@ -168,13 +168,19 @@ class Prepared:
             self._weights = Weights(self)
         return self._weights
 
-    def release_plan(self, ranges: list[tuple[int, int]], node_local: bool) -> ReleasePlan:
+    def release_plan(self, ranges: list[tuple[int, int]], node_local: bool, reference: bool = False) -> ReleasePlan:
         """When a run cut into ``ranges`` may release torch values (worked out once per cut)."""
-        key = (tuple(ranges), node_local)
+        key = (tuple(ranges), node_local, reference)
         plan = self._release_plans.get(key)
         if plan is None:
-            plan = self._release_plans[key] = release_plan(self, ranges, node_local)
+            plan = self._release_plans[key] = release_plan(self, ranges, node_local, reference)
         return plan
+
+    def reference_stop(self, value: str) -> frozenset[str]:
+        """The FX values a float64 reference of ``value``'s twin starts from: those the ONNX group
+        recomputing ``value`` reads from torch (its anchors), so both cover the same computation."""
+        g = self.group(value)
+        return frozenset(self.alignment.onnx_to_fx[a] for a in g.anchors) if g is not None else frozenset()
 
     def group(self, value: str) -> LocalGroup | None:
         if value not in self._groups:
@@ -339,7 +345,7 @@ class Prepared:
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
             keep_sessions: bool = True, time_limit: float | None = None,
-            cancel: Cancel | None = None) -> Iterator[Record]:
+            cancel: Cancel | None = None, reference: bool = True) -> Iterator[Record]:
         """Yield records in execution order; see ``run_aligned`` for the options.
 
         ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
@@ -373,7 +379,7 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda, threads=threads)
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                    histogram, segment_nodes, keep_sessions, device, cancel).records()
+                           histogram, segment_nodes, keep_sessions, device, cancel, reference).records()
 
 
 def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:

@@ -23,8 +23,10 @@ class ReleasePlan(NamedTuple):
     single: list[bool]  # per segment, whether the FX stretch computed for it runs on one thread
 
 
-def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) -> ReleasePlan:
-    """The ``ReleasePlan`` of a run of ``p`` cut into ``ranges``."""
+def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, reference: bool = False) -> ReleasePlan:
+    """The ``ReleasePlan`` of a run of ``p`` cut into ``ranges``. ``reference``: the run may rerun a
+    compared node in float64 and its ONNX group on torch inputs (``verdicts.py``) when the pair fails
+    the tolerance: the node's FX inputs and its group's anchors are held until its segment is done."""
     idx = p.index
     segment_of_node = [0] * len(idx.nodes)
     for s, (a, b) in enumerate(ranges):
@@ -39,18 +41,22 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) -
             s = segment_of_node[idx.producer[v]]
             fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
             fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
-            if node_local:
+            if node_local or reference:
                 g = p.group(v)
                 if g is not None:
                     for a in g.anchors:
                         f = p.alignment.onnx_to_fx[a]
                         fx_release[f] = max(fx_release.get(f, -1), s)
+            if reference:
+                _hold_reference_inputs(p, fx_name, v, s, fx_release)
     for fx_name, v in p.alignment.alias_of.items():
         if fx_name in p.alignment.duplicate_of or fx_name in p.alignment.reshaped:
             continue  # measured with its twin's torch value
         s = segment_of_node[idx.producer[v]]
         fx_release[fx_name] = max(fx_release.get(fx_name, -1), s)
         fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
+        if reference:
+            _hold_reference_inputs(p, fx_name, v, s, fx_release)
     for fx_name, _ in p.alignment.output_pairs:
         if fx_name:
             fx_release[fx_name] = len(ranges)  # kept for the output records
@@ -63,3 +69,18 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool) -
         single.append(all(i in p.small_fx_nodes for i in range(done + 1, need + 1)))
         done = max(done, need)
     return ReleasePlan(segment_of_node, fx_release, fx_need, release_at, single)
+
+
+def _hold_reference_inputs(p: Prepared, fx_name: str, value: str, s: int, fx_release: dict[str, int]) -> None:
+    """Hold, until segment ``s`` is done, the torch values a float64 reference of ``fx_name`` reads:
+    from its ONNX group's anchors, or from its own inputs (``verdicts.py`` uses either)."""
+    from sbs_widget.engine.reference import NoReference, leaves
+
+    node = p.fx_nodes[p.fx_position[fx_name]]
+    for stop in {p.reference_stop(value), frozenset()}:
+        try:
+            _, read = leaves(node, stop)
+        except NoReference:
+            continue
+        for n in read:
+            fx_release[n.name] = max(fx_release.get(n.name, -1), s)

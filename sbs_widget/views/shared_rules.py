@@ -23,8 +23,18 @@ import math
 import re
 import sys
 
-from sbs_widget.records import (ERROR, HISTOGRAM_EDGES, MISMATCH, NOISE, OK, ONE_SIDED, RECORD_FIELDS, RESET, STATUSES,
-                                Record)
+from sbs_widget.records import (
+    ERROR,
+    HISTOGRAM_EDGES,
+    MISMATCH,
+    NOISE,
+    OK,
+    ONE_SIDED,
+    RECORD_FIELDS,
+    RESET,
+    STATUSES,
+    Record,
+)
 
 SEVERITY = {ERROR: 5, MISMATCH: 4, RESET: 3, NOISE: 2, OK: 1, ONE_SIDED: 0}
 """Worst first: the status a graph node (or cluster) shows when its records disagree."""

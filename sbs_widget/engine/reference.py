@@ -1,0 +1,122 @@
+"""A reference closer to exact: an FX node (or a whole program) rerun in float64 on its torch inputs
+upcast. Against it, torch's own rounding and onnxruntime's can be measured on the same inputs, which
+tells a difference that is rounding from one that is a bug (``engine/noise.py``).
+
+Every floating tensor argument becomes float64 (complex: complex128) and every floating dtype argument
+(``_to_copy(dtype=float16)``, ``full(..., dtype=float32)``) float64 too, so that the node computes the
+same math without rounding to the program's precision on the way. Float64 kernels exist on the CPU
+for nearly every aten op; where one does not (or the op draws random numbers), ``NoReference`` says so
+and the tolerance rule stands.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx.node import map_aggregate
+
+REFERENCE_DTYPE = torch.float64
+_COMPLEX = {torch.complex32: torch.complex128, torch.complex64: torch.complex128}
+# Ops whose result is random or depends on memory, not on the math of the inputs.
+_NOT_MATH = ("rand", "bernoulli", "dropout", "normal", "multinomial", "empty", "uniform", "exponential",
+             "randperm", "poisson", "native_dropout")
+
+
+class NoReference(Exception):
+    """The node has no float64 counterpart (no kernel, random, not a tensor): the message says why."""
+
+
+def upcast(value):
+    """``value`` with floating tensors and dtypes raised to float64 (nested containers too)."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_floating_point and x.dtype != REFERENCE_DTYPE:
+                return x.to(REFERENCE_DTYPE)
+            if x.dtype in _COMPLEX:
+                return x.to(_COMPLEX[x.dtype])
+            return x
+        if isinstance(x, torch.dtype):
+            if x.is_floating_point:
+                return REFERENCE_DTYPE
+            return _COMPLEX.get(x, x)
+        return x
+
+    return map_aggregate(value, one)
+
+
+def has_reference(node: torch.fx.Node) -> bool:
+    """Whether ``node`` can be rerun in float64 at all (a call, not random)."""
+    if node.op != "call_function":
+        return False
+    name = getattr(node.target, "__name__", str(node.target))
+    return not any(word in name for word in _NOT_MATH)
+
+
+MAX_REFERENCE_NODES = 256  # FX nodes recomputed for one reference: a translation is rarely longer
+
+
+def leaves(node: torch.fx.Node, stop: frozenset[str]) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """The FX nodes a reference of ``node`` recomputes (topological) and those it reads as they are:
+    the names in ``stop`` (the values the ONNX side reads from torch), placeholders and anything that
+    is not a call. Without ``stop``, ``node`` alone is recomputed (an item of a tuple: its producer too).
+    """
+    inner: dict[str, torch.fx.Node] = {}
+    read: dict[str, torch.fx.Node] = {}
+    order: list[torch.fx.Node] = []
+    stack = [(node, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if expanded:
+            order.append(n)
+            continue
+        if n.name in inner:
+            continue
+        inner[n.name] = n
+        stack.append((n, True))
+        for m in n.all_input_nodes:
+            if m.name in inner or m.name in read:
+                continue
+            # without stop names: the node and, for getitem, its producer; else up to the stop names
+            open_up = (m.op == "call_function" and m.name not in stop and
+                       (stop or (n.target is operator.getitem and n is node)))
+            if open_up:
+                stack.append((m, False))
+            else:
+                read[m.name] = m
+        if len(inner) > MAX_REFERENCE_NODES:
+            raise NoReference(f"the computation from the ONNX side's torch inputs spans more than "
+                              f"{MAX_REFERENCE_NODES} FX nodes")
+    return order, list(read.values())
+
+
+def reference_of(node: torch.fx.Node, env: dict, stop: frozenset[str] = frozenset()) -> torch.Tensor:
+    """``node``'s value computed in float64 from torch values: those of ``stop`` (the values the ONNX
+    side read, when it recomputed ``node`` from them) or, without ``stop``, of ``node``'s own inputs.
+    Every FX node between them is recomputed in float64, so that torch's and onnxruntime's rounding
+    over the same stretch of computation are measured against the same exact value."""
+    order, read = leaves(node, stop)
+    values: dict[str, object] = {}
+    for n in read:
+        if n.name not in env:
+            raise NoReference(f"the torch value of {n.name!r} was released")
+        values[n.name] = upcast(env[n.name])
+    for n in order:
+        values[n.name] = _call(n, values)
+    value = values[node.name]
+    if not isinstance(value, torch.Tensor):
+        raise NoReference(f"{node.target} returns {type(value).__name__}, not a tensor")
+    return value
+
+
+def _call(node: torch.fx.Node, values: dict):
+    if not has_reference(node):
+        raise NoReference(f"{node.target} has no deterministic float64 counterpart")
+    args = torch.fx.node.map_arg(node.args, lambda n: values[n.name])
+    kwargs = upcast(torch.fx.node.map_arg(node.kwargs, lambda n: values[n.name]))
+    args = upcast(args)
+    try:
+        with torch.inference_mode():
+            return node.target(*args, **kwargs)
+    except Exception as e:  # no float64 kernel (or the op refuses float64): said on the record
+        raise NoReference(f"no float64 kernel for {node.target}: {type(e).__name__}: {str(e)[:200]}") from None

@@ -1,0 +1,156 @@
+"""Noise or mismatch, for the pairs of a lockstep run that fail the tolerance test.
+
+A pair beyond tolerance is judged in two steps:
+
+1. Does its node *create* a difference beyond rounding? The ONNX node (or its group) run on torch's
+   inputs, and torch's own value, are both measured against the FX node rerun in float64 on the same
+   inputs (``reference.py``, rule in ``noise.py``). A node that does is a *source*.
+2. A pair whose node creates nothing beyond rounding differs only by what it inherits. It is ``noise``
+   when no source lies upstream of it in the program (the difference is rounding carried along),
+   ``mismatch`` otherwise (it carries a real difference from upstream).
+
+Sources are also looked for below tolerance: a pair within tolerance whose node-local value is more
+than ``SUSPECT_ULPS`` units in the last place (of the value's scale) off torch's gets the same float64
+check, so that a fault too small to fail the tolerance where it is born, yet grown beyond it
+downstream, still makes the downstream pairs mismatches. Inputs and weights that differ are sources.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from sbs_widget import records as R
+from sbs_widget.engine.measure import _join
+from sbs_widget.engine.noise import Verdict, epsilon, judge
+from sbs_widget.engine.reference import NoReference, reference_of
+from sbs_widget.records import Record
+
+if TYPE_CHECKING:
+    pass
+
+SUSPECT_ULPS = 64  # node-local |diff| beyond this many ulps of the value's scale: checked in float64
+
+
+class Judging:
+    """Mixin of ``LockstepRun`` (its state is the run's): ``self.sources``, the FX nodes (and
+    placeholders) where a difference beyond rounding is born."""
+
+    def _init_judging(self) -> None:
+        self.sources: set[str] = set()
+        self._downstream: dict[str, bool] = {}  # FX name -> a source upstream (valid for len(sources))
+        self._downstream_at = 0
+
+    def _add_source(self, fx_name: str | None) -> None:
+        if fx_name is not None and fx_name not in self.sources:
+            self.sources.add(fx_name)
+
+    def _has_source_upstream(self, fx_name: str) -> bool:
+        """Whether a source lies upstream of FX node ``fx_name`` (itself excluded), through the FX
+        program's data flow. Memoized until a new source appears (rare: real faults only)."""
+        if self._downstream_at != len(self.sources):
+            self._downstream.clear()
+            self._downstream_at = len(self.sources)
+        memo, sources, p = self._downstream, self.sources, self.p
+        node = p.fx_nodes[p.fx_position[fx_name]]
+        stack = [(n, False) for n in node.all_input_nodes]
+        while stack:  # iterative post-order: deep programs would overflow recursion
+            n, expanded = stack.pop()
+            if n.name in memo:
+                continue
+            if expanded:
+                memo[n.name] = n.name in sources or any(memo.get(m.name, False) for m in n.all_input_nodes)
+                continue
+            stack.append((n, True))
+            stack.extend((m, False) for m in n.all_input_nodes if m.name not in memo)
+        return any(memo[n.name] for n in node.all_input_nodes)
+
+    def _judge_segment(self, records: list[tuple[Record, str | None, str | None]], local: dict[str, np.ndarray],
+                       local_scale: dict[int, float]) -> None:
+        """Judge the records of one segment (in node order: sources upstream are known first)."""
+        env, onnx_env, p = self.runner.env, self.onnx_env, self.p
+        references: dict[tuple, torch.Tensor | NoReference] = {}
+        for rec, fx_name, o in records:
+            if fx_name is None or o is None or rec.status not in (R.OK, R.MISMATCH) or rec.kind != R.KIND_NODE:
+                continue
+            if fx_name not in env or not isinstance(env[fx_name], torch.Tensor) or \
+                    not env[fx_name].dtype.is_floating_point:
+                if rec.status == R.MISMATCH:
+                    self._add_source(fx_name)  # integers, bools: compared exactly, never rounding
+                continue
+            beyond = rec.status == R.MISMATCH
+            if not beyond and not self._suspect(rec, env[fx_name], local_scale.get(id(rec))):
+                continue
+            got = local.get(o)
+            stop = p.reference_stop(o) if got is not None else frozenset()
+            if got is None:  # no node-local value: the ONNX value itself (what it inherits counts too)
+                got = onnx_env.get(o)
+            key = (fx_name, stop)  # (an alias is measured with its holder's value)
+            reference = references.get(key)
+            if reference is None:
+                try:
+                    reference = reference_of(p.fx_nodes[p.fx_position[fx_name]], env, stop)
+                except NoReference as e:
+                    reference = e
+                references[key] = reference
+            if isinstance(reference, NoReference):
+                if beyond:
+                    rec.comment = _join(rec.comment, f"no float64 reference ({reference}): the tolerance rule stands")
+                    self._add_source(fx_name)
+                continue
+            try:
+                verdict = judge(env[fx_name], got, reference, epsilon(env[fx_name]))
+            except (ValueError, TypeError, RuntimeError) as e:
+                if beyond:
+                    rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
+                    self._add_source(fx_name)
+                continue
+            self._apply(rec, fx_name, verdict, beyond)
+
+    def _suspect(self, rec: Record, value: torch.Tensor, scale: float | None) -> bool:
+        """A pair within tolerance whose node-local value is far, in ulps, from torch's."""
+        if rec.err_local is None or scale is None or not rec.err_local:
+            return False
+        return not rec.err_local <= SUSPECT_ULPS * epsilon(value) * scale
+
+    def _apply(self, rec: Record, fx_name: str, verdict: Verdict, beyond: bool) -> None:
+        rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
+        rec.local_noise = verdict.noise
+        if not verdict.noise:  # the node itself creates a difference beyond rounding
+            self._add_source(fx_name)
+            rec.noise = False
+            if beyond:
+                rec.comment = _join(rec.comment, _beyond_rounding(verdict))
+            return
+        if not beyond:
+            return
+        if self._has_source_upstream(fx_name):
+            rec.noise = False
+            rec.comment = _join(rec.comment, "the node rounds like torch, but inherits a difference beyond "
+                                             "rounding from upstream")
+            return
+        rec.noise = True
+        rec.status = R.NOISE
+        rec.comment = _join(rec.comment, "rounding: onnxruntime about as close to exact (float64) as torch, "
+                                         "nothing beyond rounding upstream")
+
+    def _judge_inherited_output(self, rec: Record, fx_name: str | None) -> None:
+        """An output beyond tolerance: noise when no source lies upstream (its node was judged with its
+        pair in the segments: an output repeats a value already compared)."""
+        if rec.status != R.MISMATCH or fx_name is None or fx_name not in self.p.fx_position or rec.err_nan:
+            return
+        if fx_name in self.sources or self._has_source_upstream(fx_name):
+            rec.noise = False
+            return
+        rec.noise = True
+        rec.status = R.NOISE
+        rec.comment = _join(rec.comment, "rounding: nothing beyond rounding upstream")
+
+
+def _beyond_rounding(v: Verdict) -> str:
+    if v.err_torch > 0:
+        return (f"beyond rounding: onnxruntime {v.err_onnx:.2g} from exact (float64) on torch's inputs, "
+                f"torch {v.err_torch:.2g} ({v.err_onnx / v.err_torch:.3g}x)")
+    return f"beyond rounding: onnxruntime {v.err_onnx:.2g} from exact (float64) on torch's inputs, torch exact"
