@@ -44,9 +44,18 @@ the behaviour before the ``noise`` status); an engine without that keyword is ca
 Architectures tried that are not in ``MODELS`` (transformers 5.25, torch 2.13):
 
 - DiNAT, NAT: need the ``natten`` package (not installed; NAT is gone from transformers 5);
-- VAN, EfficientFormer, DeiT-as-``Deit``: removed or renamed in transformers 5 (DeiT is ``deit``);
+- VAN, EfficientFormer, MobileNetV4: not in transformers 5.25 (removed, or timm-only);
 - ViTMAE: random masking inside forward (a new mask each run; not comparable);
-- see ``FAILED`` below for the ones that were built but did not export or run.
+- Swin with ``attn_implementation="sdpa"`` (the default): the exporter's decomposition fails
+  ("Cannot view a tensor with shape [32, 16, 2, 8] and strides (256, 8, 128, 1) as (32, 16, 16)", the
+  SDPA output's transpose then ``reshape(*input_shape, -1)``); kept with eager attention;
+- Mixtral with the default ``experts_implementation`` (``grouped_mm``): ``torch._grouped_mm`` has no
+  float64 kernel, so no float64 reference; kept with ``experts_implementation="eager"``;
+- configs transformers 5.25 refuses or cannot run, fixed in the builders: CvT with fewer blocks than
+  its stage index in a stage (``drop_path_rates[self.stage]`` out of range: depths 1, 2, 3), Hiera with
+  ``num_query_pool`` >= stages, BiT with channels not divisible by ``num_groups`` (32 by default),
+  MobileViTV2 on 32 px (a 1x1 map unfolded by 2x2 patches: 64 px), EfficientNet with ``hidden_dim``
+  other than its top conv's width, ModernBERT with special token ids beyond a small vocabulary.
 """
 
 from __future__ import annotations
@@ -69,7 +78,9 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's sbs_widget
+# the sbs_widget measured: this checkout's, or the one --sbs-widget names (the workers read it from the environment)
+SBS_ROOT = os.environ.get("NOISE_ZOO_SBS_WIDGET") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, SBS_ROOT)
 
 SEED = 0
 IMAGE = 32
@@ -159,7 +170,7 @@ MODELS = {
     "clip_vision": ("vision", lambda: _vision("CLIPVisionConfig", "CLIPVisionModel", **_VIT)),
     "siglip_vision": ("vision", lambda: _vision("SiglipVisionConfig", "SiglipVisionModel", **_VIT)),
     "swin": ("vision", lambda: _vision("SwinConfig", "SwinModel", image_size=IMAGE, patch_size=2, embed_dim=16,
-                                       depths=[1, 1], num_heads=[2, 4], window_size=4)),
+                                       depths=[1, 1], num_heads=[2, 4], window_size=4, attn_implementation="eager")),
     "swinv2": ("vision", lambda: _vision("Swinv2Config", "Swinv2Model", image_size=IMAGE, patch_size=2, embed_dim=16,
                                          depths=[1, 1], num_heads=[2, 4], window_size=4)),
     "segformer": ("vision", lambda: _vision("SegformerConfig", "SegformerModel", num_encoder_blocks=2, depths=[1, 1],
@@ -243,7 +254,8 @@ MODELS = {
     "granite": ("text", lambda: _decoder("GraniteConfig", "GraniteForCausalLM", num_key_value_heads=2, **_DEC)),
     "cohere": ("text", lambda: _decoder("CohereConfig", "CohereForCausalLM", num_key_value_heads=2, **_DEC)),
     "mixtral": ("text", lambda: _decoder("MixtralConfig", "MixtralForCausalLM", num_key_value_heads=2,
-                                         num_local_experts=4, num_experts_per_tok=2, **_DEC)),
+                                         num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager",
+                                         **_DEC)),
 }
 
 
@@ -470,7 +482,7 @@ def measure(name: str, dtype_name: str, *, scale: str, act_target: float, cache:
 
     dtype = getattr(torch, dtype_name)
     family = MODELS[name][0]
-    row = {"model": name, "family": family, "dtype": dtype_name}
+    row = {"model": name, "family": family, "dtype": dtype_name, "sbs_widget": os.path.dirname(sbs_widget.__file__)}
     model, args, kwargs, used = build(name, scale, act_target)
     row["act_target"] = used
     if dtype != torch.float32:
@@ -598,6 +610,7 @@ def summary(rows: list[dict]) -> str:
 
 def run_worker(name: str, opts, env) -> list[dict]:
     """Measure model ``name`` in its own process (bounded by ``--timeout-per-model``): its rows."""
+    dtypes = opts.dtypes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out, "--dtypes", opts.dtypes,
@@ -642,6 +655,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="models measured at once (timings then share cores)")
     parser.add_argument("--cache", default=None, help="folder of cached exports (.pt2 + .onnx)")
     parser.add_argument("--json", default=None, help="write the rows there")
+    parser.add_argument("--sbs-widget", default=None,
+                        help="folder holding the sbs_widget package to measure (e.g. a `git archive` of a commit)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -658,6 +673,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     t_all = time.perf_counter()
     env = dict(os.environ)
+    if opts.sbs_widget:
+        env["NOISE_ZOO_SBS_WIDGET"] = os.path.abspath(opts.sbs_widget)
     if opts.jobs > 1:  # share the cores between the workers
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // opts.jobs))
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
@@ -666,7 +683,7 @@ def main(argv=None) -> int:
     print()
     print(f"noise_zoo: {'before (reference=False)' if opts.before else 'engine default'}, scale-activations "
           f"{opts.scale_activations} (target {opts.act_target:g}), torch {torch.__version__}, "
-          f"{time.perf_counter() - t_all:.0f} s")
+          f"{time.perf_counter() - t_all:.0f} s, sbs_widget from {env.get('NOISE_ZOO_SBS_WIDGET', SBS_ROOT)}")
     print()
     print(table(rows))
     print()
