@@ -120,3 +120,28 @@ def _call(node: torch.fx.Node, values: dict):
             return node.target(*args, **kwargs)
     except Exception as e:  # no float64 kernel (or the op refuses float64): said on the record
         raise NoReference(f"no float64 kernel for {node.target}: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def program_reference(program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int],
+                      wanted: list[str]) -> dict[str, torch.Tensor]:
+    """The values of FX nodes ``wanted`` (the program's outputs) with the whole program run in float64
+    from its inputs and weights (``flat``, in placeholder order) upcast: the run-level reference,
+    against which the outputs of torch and of onnxruntime can each be measured. Values are freed after
+    their last use (``last_use``: FX name -> position of its last reader)."""
+    nodes = list(program.graph.nodes)
+    values: dict[str, object] = {}
+    keep = set(wanted)
+    flat_iter = iter(flat)
+    for position, n in enumerate(nodes):
+        if n.op == "placeholder":
+            values[n.name] = upcast(next(flat_iter))
+        elif n.op == "call_function":
+            values[n.name] = _call(n, values)
+        elif n.op == "get_attr":
+            raise NoReference("the program reads attributes (get_attr): no whole-program reference")
+        else:
+            continue
+        for m in n.all_input_nodes:
+            if last_use.get(m.name, -1) <= position and m.name not in keep:
+                values.pop(m.name, None)
+    return {name: values[name] for name in wanted if isinstance(values.get(name), torch.Tensor)}

@@ -25,7 +25,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge
-from sbs_widget.engine.reference import NoReference, reference_of
+from sbs_widget.engine.reference import NoReference, program_reference, reference_of
 from sbs_widget.records import Record
 
 if TYPE_CHECKING:
@@ -136,17 +136,69 @@ class Judging:
         rec.comment = _join(rec.comment, "rounding: onnxruntime about as close to exact (float64) as torch, "
                                          "nothing beyond rounding upstream")
 
-    def _judge_inherited_output(self, rec: Record, fx_name: str | None) -> None:
-        """An output beyond tolerance: noise when no source lies upstream (its node was judged with its
-        pair in the segments: an output repeats a value already compared)."""
-        if rec.status != R.MISMATCH or fx_name is None or fx_name not in self.p.fx_position or rec.err_nan:
+    def _judge_outputs(self, items: list[tuple[Record, str | None, object, object]]) -> None:
+        """The outputs beyond tolerance, judged on the whole program: torch's outputs and onnxruntime's
+        measured against the program run in float64 from the same inputs (when it fits in memory).
+        That also catches what no single node shows: a fault too small to be seen where it is born."""
+        beyond = [x for x in items if x[0].status == R.MISMATCH and x[1] is not None and not x[0].err_nan
+                  and isinstance(x[2], torch.Tensor) and x[2].dtype.is_floating_point]
+        if not beyond:
             return
-        if fx_name in self.sources or self._has_source_upstream(fx_name):
-            rec.noise = False
-            return
-        rec.noise = True
-        rec.status = R.NOISE
-        rec.comment = _join(rec.comment, "rounding: nothing beyond rounding upstream")
+        references, why = self._program_reference([fx for _, fx, _, _ in beyond])
+        for rec, fx_name, expected, got in beyond:
+            upstream = fx_name in self.sources or self._has_source_upstream(fx_name)
+            reference = references.get(fx_name)
+            if reference is None:  # the sources alone decide
+                rec.noise = not upstream
+                if rec.noise:
+                    rec.status = R.NOISE
+                    rec.comment = _join(rec.comment, f"rounding: nothing beyond rounding upstream ({why})")
+                continue
+            try:
+                verdict = judge(expected, got, reference, epsilon(expected))
+            except (ValueError, TypeError, RuntimeError):
+                continue
+            rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
+            # noise only when both say so: no source upstream, and as close to exact as torch overall
+            rec.noise = verdict.noise and not upstream
+            if upstream:
+                rec.comment = _join(rec.comment, "carries a difference beyond rounding from upstream")
+            elif verdict.noise:
+                rec.status = R.NOISE
+                rec.comment = _join(rec.comment, "rounding: onnxruntime's output as close to the whole program "
+                                                 "run in float64 as torch's")
+            else:
+                rec.comment = _join(rec.comment, _beyond_rounding(verdict).replace(
+                    "on torch's inputs", "for the whole program"))
+
+    def _program_reference(self, names: list[str]) -> tuple[dict[str, torch.Tensor], str]:
+        """The whole program's values ``names`` in float64, or ``{}`` and why not."""
+        p = self.p
+        need = p.weight_bytes * 8 // max(1, _smallest_float_size(p)) + 4 * p.live_bytes
+        available = available_memory()
+        if available is not None and need > available // 2:
+            return {}, f"no whole-program float64 run: it needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} free"
+        try:
+            return program_reference(p.decomposed_ep, self.flat, p.fx_last_use, names), ""
+        except NoReference as e:
+            return {}, f"no whole-program float64 run: {e}"
+
+
+def _smallest_float_size(p) -> int:
+    sizes = [d.itemsize for d in p.alignment.fx_dtypes if isinstance(d, torch.dtype) and d.is_floating_point]
+    return min(sizes, default=4)
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still hand out (MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _beyond_rounding(v: Verdict) -> str:

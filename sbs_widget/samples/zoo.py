@@ -231,6 +231,39 @@ def convnet(seed: int = 0, batch: int = 2):
     return model, (torch.randn(batch, 3, 16, 16),), {}
 
 
+class LoudConvNet(torch.nn.Module):
+    """Conv, BatchNorm, ReLU blocks with a residual path, whose activations grow to ~1e3 as in trained
+    vision nets (MobileNet- or DLA-style): there, long dot products that cancel near zero differ by
+    rounding far beyond a fixed 1e-4 between any two correct implementations."""
+
+    def __init__(self, width: int = 32, blocks: int = 6, gain: float = 2.0):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(width, width, 3, padding=1) for _ in range(blocks))
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(width) for _ in range(blocks))
+        self.head = torch.nn.Linear(width, 10)
+        with torch.no_grad():  # He initialization times ``gain``: each block amplifies what it reads
+            for conv in [self.stem, *self.convs]:
+                conv.weight.normal_(0.0, gain * (2.0 / conv.weight[0].numel()) ** 0.5)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for conv, norm in zip(self.convs, self.norms):
+            x = torch.relu(norm(conv(x))) + x
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def loud_convnet(seed: int = 0, batch: int = 2, image: int = 32):
+    _seed(seed)
+    model = LoudConvNet().eval()
+    with torch.no_grad():
+        for norm in model.norms:
+            norm.running_mean.uniform_(-0.5, 0.5)
+            norm.running_var.uniform_(0.3, 3.0)
+            norm.weight.uniform_(0.5, 1.5)
+    return model, (torch.randn(batch, 3, image, image),), {}
+
+
 def dummy(seed: int = 0):
     from sbs_widget.samples.dummy_llm import dummy_llm
 
@@ -239,7 +272,7 @@ def dummy(seed: int = 0):
 
 
 BUILDERS = {
-    "dummy_llm": dummy, "mlp": mlp, "convnet": convnet,
+    "dummy_llm": dummy, "mlp": mlp, "convnet": convnet, "loud_convnet": loud_convnet,
     "llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet,
     # more families, for benchmarks/alignment_quality.py --models ...
     "gemma": gemma, "mistral": mistral, "phi3": phi3, "gpt_neox": gpt_neox, "distilbert": distilbert,

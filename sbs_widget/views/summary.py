@@ -13,7 +13,7 @@ from sbs_widget.engine.fx_runner import dead_nodes
 from sbs_widget.records import Record
 from sbs_widget.views.safe_text import clipped, visible
 
-_COMPARED = (R.OK, R.MISMATCH, R.RESET)
+_COMPARED = (R.OK, R.NOISE, R.MISMATCH, R.RESET)
 
 
 @dataclass
@@ -29,7 +29,9 @@ class Summary:
     fused: int = 0                         # uncovered because fused into a rewritten node: absent too
                                            # (taken in whole, or its end: ``Alignment.absorbed``; or empty)
     worst: Record | None = None
-    first_beyond: Record | None = None
+    first_beyond: Record | None = None     # the first pair beyond tolerance and beyond rounding
+    n_noise: int = 0                       # pairs beyond tolerance by rounding alone
+    exactness: list = field(default_factory=list)  # output records measured against a float64 run
     no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
     notes: list = field(default_factory=list)      # what limits the comparison (Prepared.notes)
 
@@ -57,8 +59,17 @@ class Summary:
             out.append(f"first pair beyond tolerance: {_n(f.ep_name)} / {_n(f.onnx_name)} ({f.onnx_op_type}, "
                        f"module {_n(f.module) or '-'}) err_abs={f.err_abs:.3g}"
                        + (f", beyond tolerance at {f.err_where}" if f.err_where else ""))
+        elif self.n_noise:
+            out.append("no pair beyond tolerance but by rounding")
         else:
             out.append("no pair beyond tolerance")
+        if self.n_noise:
+            out.append(f"{self.n_noise} pair(s) differ by rounding alone (status noise: onnxruntime as close to "
+                       "exact, a float64 rerun, as torch)")
+        for r in self.exactness:
+            closer = "onnxruntime" if r.err_onnx < r.err_torch else "torch" if r.err_torch < r.err_onnx else "neither"
+            out.append(f"{_n(r.ep_name)} against the program run in float64: torch {r.err_torch:.3g}, onnxruntime "
+                       f"{r.err_onnx:.3g} ({closer} closer to exact; scale {r.ref_scale:.3g})")
         if self.no_kernel:
             ops = ", ".join(f"{op} ({n})" for op, n in sorted(self.no_kernel.items(), key=lambda kv: -kv[1]))
             out.append(f"the runtime has no kernel for {sum(self.no_kernel.values())} node(s): {ops}; their "
@@ -101,6 +112,9 @@ def summarize(records: list[Record], prepared=None) -> Summary:
                 s.worst = r
             if r.status == R.MISMATCH and s.first_beyond is None:
                 s.first_beyond = r
+            s.n_noise += r.status == R.NOISE or (r.status == R.RESET and r.noise is True)
+            if r.kind == R.KIND_OUTPUT and r.err_torch is not None and r.err_onnx is not None:
+                s.exactness.append(r)
         elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
             s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
     if prepared is not None:
