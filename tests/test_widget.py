@@ -106,11 +106,11 @@ def test_default_tolerance_is_the_programs_and_shows_on_the_widget():
     x = (torch.randn(8, 16).half(),)
     program = torch.onnx.export(model, x, dynamo=True, verbose=False, optimize=False)
     w = SbsWidget(program.exported_program, program.model_proto, x).wait(60)
-    assert (w.atol, w.rtol) == (3e-2, 3e-2) and (w.runs[-1].atol, w.runs[-1].rtol) == (3e-2, 3e-2)
-    assert w.runs_meta[-1]["atol"] == 3e-2
-    assert w.rerun().wait(60).runs[-1].atol == 3e-2
-    given = SbsWidget(program.exported_program, program.model_proto, x, atol=1e-3).wait(60)
-    assert (given.atol, given.rtol) == (1e-3, 3e-2)
+    assert (w.atol, w.rtol) == (1e-3, 1e-3) and (w.runs[-1].atol, w.runs[-1].rtol) == (1e-3, 1e-3)
+    assert w.runs_meta[-1]["atol"] == 1e-3
+    assert w.rerun().wait(60).runs[-1].atol == 1e-3
+    given = SbsWidget(program.exported_program, program.model_proto, x, atol=1e-2).wait(60)
+    assert (given.atol, given.rtol) == (1e-2, 1e-3)
 
 
 def test_rows_protocol_serves_any_page(llm):

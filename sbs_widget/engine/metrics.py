@@ -129,7 +129,7 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
             diff = diff[keep]
             ae = np.abs(e[keep])
             top = diff.max() if diff.size else 0.0
-    scale = float(ae.max()) if ae.size and e.dtype.kind == "f" else 0.0
+    scale = float(ae.max()) if ae.size and not is_exact and e.dtype.kind == "f" else 0.0
     if diff.size == 0 or top == 0.0:
         hist = ((int(diff.size),) + (0,) * (len(HISTOGRAM_EDGES) - 1)) if histogram else None
         return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist, math.inf if err_nan else 0.0, scale)

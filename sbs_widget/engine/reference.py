@@ -11,6 +11,7 @@ and the tolerance rule stands.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -101,12 +102,35 @@ def reference_of(node: torch.fx.Node, env: dict, stop: frozenset[str] = frozense
         if n.name not in env:
             raise NoReference(f"the torch value of {n.name!r} was released")
         values[n.name] = upcast(env[n.name])
-    for n in order:
-        values[n.name] = _call(n, values)
+    with one_thread(_numel(env.get(node.name))):
+        for n in order:
+            values[n.name] = _call(n, values)
     value = values[node.name]
     if not isinstance(value, torch.Tensor):
         raise NoReference(f"{node.target} returns {type(value).__name__}, not a tensor")
     return value
+
+
+SMALL = 1 << 16  # elements: below this, torch's thread pool costs more than it saves
+
+
+def _numel(value) -> int:
+    return value.numel() if isinstance(value, torch.Tensor) else SMALL
+
+
+@contextlib.contextmanager
+def one_thread(numel: int):
+    """torch on one thread for small values: its pool's threads spin after each op and take the core
+    onnxruntime's segment runs on meanwhile (the lockstep runs both at once)."""
+    threads = torch.get_num_threads()
+    if numel >= SMALL or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _call(node: torch.fx.Node, values: dict):
@@ -136,7 +160,8 @@ def program_reference(program: torch.export.ExportedProgram, flat: list, last_us
         if n.op == "placeholder":
             values[n.name] = upcast(next(flat_iter))
         elif n.op == "call_function":
-            values[n.name] = _call(n, values)
+            with one_thread(_numel(n.meta.get("val"))):
+                values[n.name] = _call(n, values)
         elif n.op == "get_attr":
             raise NoReference("the program reads attributes (get_attr): no whole-program reference")
         else:
