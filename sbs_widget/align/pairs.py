@@ -409,6 +409,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                         continue  # named after another FX node: that node's value, not this one's
                     if folded_elsewhere(x, node):
                         continue  # a constant folded from other values (a mask of the same shape)
+                    if _is_literal_of(x, user, index):
+                        continue  # the translation of the consumer's own literal (where(m, x, -3.4e38))
                     if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
@@ -425,3 +427,22 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     alias_reshape_inputs(nodes, al, index)
     explain_values_without_twin(nodes, al, index)
     return al
+
+
+def _is_literal_of(value: str, user: torch.fx.Node, index) -> bool:
+    """Whether ``value`` is a one-element initializer holding a number the FX node ``user`` takes as a
+    literal argument: the exporter's constant for that literal, not a twin of one of its FX inputs."""
+    init = index.initializers.get(value)
+    if init is None or index.initializer_numel(value) != 1:
+        return False
+    literals = [a for a in (*user.args, *user.kwargs.values())
+                if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if not literals:
+        return False
+    from onnx import numpy_helper
+
+    try:
+        number = float(numpy_helper.to_array(init).reshape(-1)[0])
+    except (ValueError, TypeError, IndexError):
+        return False
+    return any(number == float(a) or (abs(a) > 1e30 and abs(number - a) <= 1e-6 * abs(a)) for a in literals)

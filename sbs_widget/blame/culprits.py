@@ -379,8 +379,10 @@ _MOVES_VALUES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Rang
 
 
 def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, atol: float | None = None,
-             rtol: float | None = None, runtime: str = "onnxruntime") -> list[Culprit]:
+             rtol: float | None = None, runtime: str = "onnxruntime", reference: bool = True) -> list[Culprit]:
     """Run ``ep`` and ``onx`` side by side with ``node_local=True`` and return ``find_culprits``.
+    ``reference=False``: no float64 verdict (pairs beyond tolerance are all mismatches, as before
+    the ``noise`` status).
 
     ``ep``/``onx``: as for ``prepare`` (or a ``Prepared``); ``inputs``: args tuple, or a path to a
     ``torch.save``d inputs file.
@@ -393,7 +395,8 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     """
     prepared = as_prepared(ep, onx)
     atol, rtol = prepared.tolerance(atol, rtol)
-    records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True))
+    records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True,
+                                reference=reference))
     return find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
 
 
