@@ -124,6 +124,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                 out.append(rec)
         if folded:
             self._compare_many(folded)
+            if self.reference:
+                self._judge_folded(folded)
         for rec in out:
             if rec.status == R.MISMATCH:
                 self._add_source(rec.ep_name)

@@ -54,6 +54,9 @@ def has_reference(node: torch.fx.Node) -> bool:
     return not any(word in name for word in _NOT_MATH)
 
 
+# A stop set no node is named: the reference recomputes everything down to the program's inputs and
+# weights (a constant-folded value, computed by the exporter from the weights alone).
+FROM_PLACEHOLDERS = frozenset({"\0placeholders"})
 MAX_REFERENCE_NODES = 256  # FX nodes recomputed for one reference: a translation is rarely longer
 
 

@@ -25,7 +25,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge
-from sbs_widget.engine.reference import NoReference, program_reference, reference_of
+from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of
 from sbs_widget.records import Record
 
 if TYPE_CHECKING:
@@ -147,6 +147,35 @@ class Judging:
         rec.noise = True
         rec.status = R.NOISE
         rec.comment = _join(rec.comment, f"rounding: {why}, and nothing beyond rounding upstream")
+
+    def _judge_folded(self, items: list[tuple[Record, object, object]]) -> None:
+        """Constant-folded values (a standardized weight, a mask) beyond tolerance: the exporter's
+        optimizer computed them, the way it rounds; against the FX computation from the weights in
+        float64, they are noise when as close to exact as torch's own value."""
+        p = self.p
+        placeholders = None
+        for rec, expected, got in items:
+            if rec.status != R.MISMATCH or rec.err_nan or not isinstance(expected, torch.Tensor) or \
+                    not expected.dtype.is_floating_point or rec.ep_name not in p.fx_position:
+                continue
+            if placeholders is None:
+                names = [n.name for n in p.fx_nodes if n.op == "placeholder"]
+                placeholders = dict(zip(names, self.flat))
+            try:
+                reference = reference_of(p.fx_nodes[p.fx_position[rec.ep_name]], placeholders, FROM_PLACEHOLDERS)
+                verdict = judge(expected, got, reference, epsilon(expected))
+            except (NoReference, ValueError, TypeError, RuntimeError) as e:
+                rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
+                continue
+            rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
+            rec.noise = rec.local_noise = verdict.noise
+            if verdict.noise:
+                rec.status = R.NOISE
+                rec.comment = _join(rec.comment, "rounding: the folded constant is as close to exact (float64, "
+                                                 "from the weights) as torch's value")
+            else:
+                rec.comment = _join(rec.comment, _beyond_rounding(verdict).replace("on torch's inputs",
+                                                                                   "from the weights"))
 
     def _judge_outputs(self, items: list[tuple[Record, str | None, object, object]]) -> None:
         """The outputs beyond tolerance, judged on the whole program: torch's outputs and onnxruntime's
