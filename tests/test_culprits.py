@@ -153,3 +153,15 @@ def test_widget_culprits_trait_and_repro(tmp_path):
     assert (tmp_path / "w" / "replay.py").exists() and bundle.err_abs > 1e-3
     good = sbs_widget.SbsWidget(ep, prog.model_proto, args, kwargs=kwargs, node_local=True).wait()
     assert good.culprits == []
+
+
+def test_one_culprit_per_onnx_node():
+    """Two FX names twinned with one ONNX value (``view_3`` and the attention it ends) name one place."""
+    from sbs_widget.blame.culprits import Culprit, _one_per_onnx_node
+
+    a = Culprit("node_MatMul_9", "matmul_9", "MatMul", "view_3", "aten.view", "", 0.9, "MatMul gives 0.5")
+    b = Culprit("node_MatMul_9", "matmul_9", "MatMul", "sdpa", "aten.sdpa", "", 0.8, "MatMul gives 0.5")
+    c = Culprit("node_Add_2", "add_2", "Add", "add", "aten.add", "", 0.5, "Add gives 0.1")
+    out = _one_per_onnx_node([a, b, c])
+    assert [x.onnx_node for x in out] == ["node_MatMul_9", "node_Add_2"]
+    assert "also the twin of FX node 'sdpa'" in out[0].reason

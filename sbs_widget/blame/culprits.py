@@ -313,7 +313,24 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
         out.append(c)
 
     out.sort(key=lambda c: (-c.score, c.record if c.record is not None else 0))
+    out = _one_per_onnx_node(out)
     return out[:top] if top else out
+
+
+def _one_per_onnx_node(culprits: list[Culprit]) -> list[Culprit]:
+    """One culprit per ONNX node (the best ranked): an ONNX value twin of two FX names (``view_3``
+    and the ``scaled_dot_product_attention`` it ends) is one place to look, said once."""
+    kept: dict[tuple, Culprit] = {}
+    out = []
+    for c in culprits:
+        key = (c.kind, c.onnx_node, c.onnx_name) if c.kind == "weight" else (c.onnx_node or c.onnx_name,)
+        first = kept.get(key)
+        if first is None or key == (None,):
+            kept[key] = c
+            out.append(c)
+        elif c.ep_name and c.ep_name != first.ep_name and f"'{c.ep_name}'" not in first.reason:
+            first.reason += f" (also the twin of FX node {c.ep_name!r})"
+    return out
 
 
 def _weight_culprit(k: int, rec: Record, ctx: _Context) -> Culprit:
