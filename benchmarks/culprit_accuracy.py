@@ -80,13 +80,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sbs_widget.load.onnx_index import OnnxIndex  # noqa: E402
 from sbs_widget.samples import faults  # noqa: E402
 
-ATOL = RTOL = 1e-4
+ATOL = RTOL = 1e-4  # the run's tolerance (--atol: another; float16 runs: the program's default)
+RUN = {"atol": ATOL, "rtol": RTOL, "reference": True}  # options of every run (set by main)
+OBSERVABLE = {"atol": ATOL, "rtol": RTOL}  # a fault counts when it moves an output beyond this
+WEIGHT_NOISE = 1e-2  # relative size of the "weight" faults (--weight-scale)
 KINDS = ("weight", "op", "attribute", "cast", "constant", "gelu")
 MODELS = ("dummy_llm", "mlp", "llama", "bert", "gpt2")
 SWAPS = {"Add": "Sub", "Sub": "Add", "Mul": "Div", "Div": "Mul", "Sigmoid": "Tanh", "Tanh": "Sigmoid",
@@ -105,7 +109,7 @@ class Fault:
 
 def _floats(index: OnnxIndex, value: str) -> bool:
     vt = index.types.get(value)
-    return vt is not None and vt.elem_type == FLOAT
+    return vt is not None and vt.elem_type in (FLOAT, onnx.TensorProto.FLOAT16)
 
 
 def candidates(model: onnx.ModelProto, kind: str) -> list:
@@ -124,7 +128,8 @@ def candidates(model: onnx.ModelProto, kind: str) -> list:
                     if int(np.prod(arr.dims)) >= 16:
                         seen.add(x)
                         out.append((f"noise on weight {x}", lambda x=x: Fault(
-                            "weight", f"noise 1e-2 on weight {x}", faults.perturb_initializer(model, x, scale=1e-2),
+                            "weight", f"noise {WEIGHT_NOISE:g} on weight {x}",
+                            faults.perturb_initializer(model, x, scale=WEIGHT_NOISE),
                             {nodes[j].name for j in index.consumers.get(x, [])}, {x})))
     elif kind == "op":
         for i in deep:
@@ -215,7 +220,7 @@ class Oracle:
             e, g = np.asarray(e, dtype=np.float64), np.asarray(g, dtype=np.float64)
             if e.shape != g.shape:
                 return False
-            bad = ~np.isclose(g, e, atol=ATOL, rtol=RTOL, equal_nan=True)
+            bad = ~np.isclose(g, e, atol=OBSERVABLE["atol"], rtol=OBSERVABLE["rtol"], equal_nan=True)
             if bad.any():
                 return True
         return False
@@ -266,12 +271,13 @@ def evaluate(ep, model, args, kwargs, fault_list):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        false_alarms = len(culprits(ep, model, args, kwargs, atol=ATOL, rtol=RTOL))
+        false_alarms = len(culprits(ep, model, args, kwargs, **RUN))
         results = []
         for fault in fault_list:
             prepared = prepare(ep, fault.model)
-            records = list(prepared.run(args, kwargs, atol=ATOL, rtol=RTOL, node_local=True))
-            found = find_culprits(records, prepared=prepared, atol=ATOL, rtol=RTOL)
+            atol, rtol = prepared.tolerance(RUN["atol"], RUN["rtol"])
+            records = list(prepared.run(args, kwargs, node_local=True, **RUN))
+            found = find_culprits(records, prepared=prepared, atol=atol, rtol=rtol)
             rank, how = 0, ""
             for r, c in enumerate(found[:3], 1):
                 how = is_hit(c, fault, prepared)
@@ -288,11 +294,11 @@ def evaluate(ep, model, args, kwargs, fault_list):
     return results, false_alarms
 
 
-def export(name: str, optimize: bool):
+def export(name: str, optimize: bool, dtype=None):
     from sbs_widget.samples import zoo
 
     with contextlib.redirect_stderr(io.StringIO()):
-        return zoo.export(name, optimize=optimize)
+        return zoo.export(name, optimize=optimize, dtype=dtype)
 
 
 def main(argv=None) -> int:
@@ -301,13 +307,27 @@ def main(argv=None) -> int:
     parser.add_argument("--per-kind", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="print every miss")
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                        help="export the models in this precision (float16: the default tolerance of the "
+                             "program's precision, unless --atol)")
+    parser.add_argument("--atol", type=float, help="atol = rtol of the runs (default: 1e-4; float16: 1e-3)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="no float64 verdict: every pair beyond tolerance is a mismatch (as before)")
+    parser.add_argument("--weight-scale", type=float, default=1e-2, help="relative size of the weight faults")
     args = parser.parse_args(argv)
+    global WEIGHT_NOISE
+    WEIGHT_NOISE = args.weight_scale
+    dtype = torch.float16 if args.dtype == "float16" else None
+    tol = args.atol if args.atol is not None else (None if dtype is not None else ATOL)
+    RUN.update(atol=tol, rtol=tol, reference=not args.no_reference)
+    if dtype is not None:  # observable: beyond the float16 precision (what a correct export keeps)
+        OBSERVABLE.update(atol=1e-3, rtol=1e-3)
     rows = []
     alarms = {}
     begin = time.perf_counter()
     for name in args.models:
         for optimize in (False, True):
-            ep, prog, a, kw = export(name, optimize)
+            ep, prog, a, kw = export(name, optimize, dtype)
             model = prog.model_proto
             flist = make_faults(model, a, kw, per_kind=args.per_kind, seed=args.seed)
             results, fa = evaluate(ep, model, a, kw, flist)
