@@ -36,11 +36,12 @@ def test_rounding_of_a_correct_export_is_noise_and_names_no_culprit(loud):
     assert not [r for r in records if r.status == "mismatch"]
     assert {r.ep_name for r in noise} == {r.ep_name for r in before if r.status == "mismatch"}
     for r in noise:
-        assert r.noise is True and r.within_tolerance is False
-        assert r.err_torch is not None and r.err_onnx is not None and r.ref_scale > 100
+        assert r.noise is True and r.local_noise is True and r.within_tolerance is False
         assert "rounding" in r.comment
+        # measured against float64, unless the node on torch's inputs agrees with torch within 2 ulps
+        assert (r.err_torch is not None and r.ref_scale > 100) or "within 2 ulps" in r.comment
     # onnxruntime's node-local error is of the size of torch's own, against float64
-    conv = [r for r in noise if r.onnx_op_type == "Conv" and r.err_local]
+    conv = [r for r in noise if r.onnx_op_type == "Conv" and r.err_torch is not None]
     assert conv and all(r.err_onnx < 8 * r.err_torch + 1e-3 for r in conv)
     assert sbs_widget.culprits(ep, prog.model_proto, args) == []
     lines = "\n".join(summarize(records, prepare(ep, prog.model_proto)).lines())
@@ -159,3 +160,16 @@ def test_the_whole_program_in_float64_is_the_model_in_float64(loud):
     expected = model.double()(args[0].double())
     assert got.dtype == torch.float64 and torch.allclose(got, expected, rtol=1e-12, atol=1e-9)
     assert math.isfinite(float(got.abs().max()))
+
+
+def test_a_reset_cuts_what_a_source_passes_on(loud):
+    """Reset the faulty node's value: downstream nodes read torch's value, so what still differs there
+    is rounding again (noise), not the fault's (mismatch)."""
+    ep, prog, args, _ = loud
+    model = prog.model_proto
+    conv = [n for n in model.graph.node if n.op_type == "Conv"][3]
+    bad = faults.perturb_initializer(model, conv.input[1], scale=1e-3)
+    top = sbs_widget.culprits(ep, bad, args)[0]
+    records = list(sbs_widget.run_aligned(ep, bad, args, reset_names=[top.value]))
+    assert any(r.status == "reset" for r in records)
+    assert not [r for r in records if r.status == "mismatch" and r.kind in ("node", "output")]

@@ -45,6 +45,9 @@ class Judging:
         self.sources: set[str] = set()
         self._downstream: dict[str, bool] = {}  # FX name -> a source upstream (valid for len(sources))
         self._downstream_at = 0
+        # values reset to torch's: downstream ONNX nodes read torch's value, no difference passes them
+        to_fx = self.p.alignment.onnx_to_fx
+        self._cuts = {to_fx[v] for v in self.reset if v in to_fx}
 
     def _add_source(self, fx_name: str | None) -> None:
         if fx_name is not None and fx_name not in self.sources:
@@ -64,7 +67,8 @@ class Judging:
             if n.name in memo:
                 continue
             if expanded:
-                memo[n.name] = n.name in sources or any(memo.get(m.name, False) for m in n.all_input_nodes)
+                memo[n.name] = n.name not in self._cuts and (
+                    n.name in sources or any(memo.get(m.name, False) for m in n.all_input_nodes))
                 continue
             stack.append((n, True))
             stack.extend((m, False) for m in n.all_input_nodes if m.name not in memo)
