@@ -37,6 +37,7 @@ class WeightPair:
     onnx_name: str | None   # ONNX initializer
     comparable: bool
     comment: str = ""
+    transposed: bool = False  # the initializer holds the parameter transposed (the optimizer folded it)
 
 
 @dataclass

@@ -309,6 +309,10 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 take(ph, key, "weight", "weight")
         else:
             folded = index.folded_into().get(key, [])
+            if _stored_transposed(index, key, folded, by_name.get(ph)):
+                al.weights.append(WeightPair(ph, key, folded[0], True, "stored transposed by the ONNX optimizer",
+                                             transposed=True))
+                continue
             why = (f"no initializer of its own: the ONNX optimizer folded it into {', '.join(folded[:3])} "
                    "(compared where the program transforms it)") if folded else \
                 "no initializer: removed by the ONNX optimizer"
@@ -446,3 +450,15 @@ def _is_literal_of(value: str, user: torch.fx.Node, index) -> bool:
     except (ValueError, TypeError, IndexError):
         return False
     return any(number == float(a) or (abs(a) > 1e30 and abs(number - a) <= 1e-6 * abs(a)) for a in literals)
+
+
+def _stored_transposed(index, key: str, folded: list[str], placeholder: torch.fx.Node | None) -> bool:
+    """Whether the one initializer ``key`` was folded into is that matrix transposed (a Linear's weight
+    the optimizer stored as MatMul reads it): then it is compared with the parameter, transposed."""
+    if len(folded) != 1 or index.folded_from(folded[0]) != [key] or placeholder is None:
+        return False
+    val = placeholder.meta.get("val")
+    init = index.initializers.get(folded[0])
+    if not isinstance(val, torch.Tensor) or init is None or val.ndim != 2:
+        return False
+    return list(init.dims) == [int(val.shape[1]), int(val.shape[0])]

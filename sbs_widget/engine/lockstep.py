@@ -317,12 +317,12 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         env, weights = self.runner.env, p.weights()
         batch: list[tuple[Record, object, object]] = []
         elements = 0
-        for fields, placeholder, onnx_name in p.weight_records():
+        for fields, placeholder, onnx_name, transposed in p.weight_records():
             rec = Record(*fields)
             if onnx_name is None:  # nothing to compare (see the record's comment)
                 batch.append((rec, None, None))
                 continue
-            expected = env[placeholder]
+            expected = env[placeholder].t() if transposed else env[placeholder]
             if weights.is_exactly(onnx_name, expected):  # the file's bits are torch's: errors all 0
                 batch.append((self._identical(rec, expected), None, None))
                 continue
@@ -330,17 +330,22 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
             batch.append((rec, expected, got))
             elements += got.size
             if elements >= BATCH_ELEMENTS:
-                yield from self._sourced(self._measured(batch))
+                yield from self._sourced(batch)
                 batch, elements = [], 0
-        yield from self._sourced(self._measured(batch))
+        yield from self._sourced(batch)
 
-    def _sourced(self, records: Iterator[Record]) -> Iterator[Record]:
-        """``records``, whose mismatches (weights, inputs: no rounding) are sources of difference."""
-        for rec in records:
+    def _sourced(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
+        """The weight records of ``batch``, measured; weights are copied, not computed: one that
+        differs beyond rounding of its type is a mismatch even within tolerance, and a source."""
+        self._compare_many([x for x in batch if x[1] is not None])
+        for rec, expected, got in batch:
+            if self.reference and expected is not None and rec.status == R.OK and rec.err_abs:
+                self._weight_beyond_rounding(rec, expected, got)
             if rec.status == R.MISMATCH:
                 self._add_source(rec.ep_name)
+            if expected is not None:
+                self._check_exc(rec)
             yield rec
-
 
     def _output_records(self) -> Iterator[Record]:
         env = self.runner.env

@@ -3,7 +3,7 @@ at once, the record fields they fill."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -145,11 +145,3 @@ class Measuring:
         if not e.size:
             rec.comment = _join(rec.comment, EMPTY_NOTE)
         return rec
-
-    def _measured(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
-        """Compare the pairs of ``batch`` (records without values stay as they are), then yield all."""
-        self._compare_many([x for x in batch if x[1] is not None])
-        for rec, expected, _ in batch:
-            if expected is not None:
-                self._check_exc(rec)
-            yield rec

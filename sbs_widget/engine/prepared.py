@@ -258,17 +258,27 @@ class Prepared:
             return _DUPLICATE_COMMENT.format(source)
         return _RESHAPED_COMMENT if fx_name in self.alignment.reshaped else _ALIAS_COMMENT
 
-    def weight_records(self) -> list[tuple[tuple, str, str | None]]:
+    def weight_records(self) -> list[tuple[tuple, str, str | None, bool]]:
         """Per weight, worked out once: (record fields, FX placeholder, ONNX initializer to compare
-        with or None when there is nothing to compare)."""
+        with or None when there is nothing to compare, whether it holds the parameter transposed)."""
         if self._weight_records is None:
             plan = []
             for w in self.alignment.weights:
                 fields = with_fields(self.record_fields(w.placeholder, w.onnx_name or None, R.KIND_WEIGHT, ""),
                                      ep_target=w.key, onnx_op_type="initializer" if w.onnx_name else None)
-                if not w.comparable:
+                comparable = w.comparable
+                if w.transposed and w.onnx_name in self.alignment.onnx_to_fx:  # the program's transpose
+                    comparable = False  # is compared with it already
+                    fields = with_fields(fields, onnx_name=None, onnx_op_type=None,
+                                         comment=f"folded into {w.onnx_name} (compared where the program "
+                                                 "transforms it)")
+                elif w.transposed:
+                    fields = with_fields(fields, comment=w.comment)
+                if not comparable and not w.transposed:
                     fields = with_fields(fields, status=R.ONE_SIDED, comment=w.comment)
-                plan.append((fields, w.placeholder, w.onnx_name if w.comparable else None))
+                elif not comparable:
+                    fields = with_fields(fields, status=R.ONE_SIDED)
+                plan.append((fields, w.placeholder, w.onnx_name if comparable else None, w.transposed))
             self._weight_records = plan
         return self._weight_records
 

@@ -25,7 +25,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge
-from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of
+from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of, upcast
 from sbs_widget.records import Record
 
 if TYPE_CHECKING:
@@ -152,6 +152,22 @@ class Judging:
         rec.status = R.NOISE
         rec.comment = _join(rec.comment, f"rounding: {why}, and nothing beyond rounding upstream")
 
+    def _weight_beyond_rounding(self, rec: Record, expected, got) -> None:
+        """A weight within tolerance whose ONNX copy is off by more than a few ulps of its own value:
+        the file holds another weight (a fault the tolerance of a float16 program can hide)."""
+        if not isinstance(expected, torch.Tensor) or not expected.dtype.is_floating_point:
+            return
+        try:
+            verdict = judge(expected, got, upcast(expected), epsilon(expected))
+        except (ValueError, TypeError, RuntimeError):
+            return
+        if not verdict.noise:
+            rec.status, rec.noise, rec.local_noise = R.MISMATCH, False, False
+            rec.err_torch, rec.err_onnx, rec.ref_scale = 0.0, verdict.err_onnx, verdict.scale
+            rec.comment = _join(rec.comment, "within tolerance, but the ONNX file's weight differs from the "
+                                             "program's beyond rounding")
+            self._add_source(rec.ep_name)
+
     def _judge_folded(self, items: list[tuple[Record, object, object]]) -> None:
         """Constant-folded values (a standardized weight, a mask) beyond tolerance: the exporter's
         optimizer computed them, the way it rounds; against the FX computation from the weights in
@@ -159,9 +175,12 @@ class Judging:
         p = self.p
         placeholders = None
         for rec, expected, got in items:
-            if rec.status != R.MISMATCH or rec.err_nan or not isinstance(expected, torch.Tensor) or \
-                    not expected.dtype.is_floating_point or rec.ep_name not in p.fx_position:
+            # (within tolerance too: a folded copy of a weight off by more than rounding is another weight)
+            if rec.status not in (R.MISMATCH, R.OK) or not rec.err_abs or rec.err_nan or \
+                    not isinstance(expected, torch.Tensor) or not expected.dtype.is_floating_point or \
+                    rec.ep_name not in p.fx_position:
                 continue
+            beyond = rec.status == R.MISMATCH
             if placeholders is None:
                 names = [n.name for n in p.fx_nodes if n.op == "placeholder"]
                 placeholders = dict(zip(names, self.flat))
@@ -169,7 +188,10 @@ class Judging:
                 reference = reference_of(p.fx_nodes[p.fx_position[rec.ep_name]], placeholders, FROM_PLACEHOLDERS)
                 verdict = judge(expected, got, reference, epsilon(expected))
             except (NoReference, ValueError, TypeError, RuntimeError) as e:
-                rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
+                if beyond:
+                    rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
+                continue
+            if verdict.noise and not beyond:
                 continue
             rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
             rec.noise = rec.local_noise = verdict.noise
@@ -178,8 +200,9 @@ class Judging:
                 rec.comment = _join(rec.comment, "rounding: the folded constant is as close to exact (float64, "
                                                  "from the weights) as torch's value")
             else:
-                rec.comment = _join(rec.comment, _beyond_rounding(verdict).replace("on torch's inputs",
-                                                                                   "from the weights"))
+                rec.status = R.MISMATCH
+                rec.comment = _join(rec.comment, ("" if beyond else "within tolerance, but ") + _beyond_rounding(
+                    verdict).replace("on torch's inputs", "from the weights"))
 
     def _judge_outputs(self, items: list[tuple[Record, str | None, object, object]]) -> None:
         """The outputs beyond tolerance, judged on the whole program: torch's outputs and onnxruntime's

@@ -38,7 +38,7 @@ class Weights:
         twins: dict[str, tuple[str, bool]] = {}
         for w in p.alignment.weights:
             if w.onnx_name and w.comparable:
-                twins[w.onnx_name] = (w.key, False)
+                twins[w.onnx_name] = (w.key, w.transposed)
         for name in p.index.initializers:
             src = p.index.folded_from(name)
             if name not in twins and len(src) == 1 and src[0] in params:
