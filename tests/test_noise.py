@@ -173,3 +173,26 @@ def test_a_reset_cuts_what_a_source_passes_on(loud):
     records = list(sbs_widget.run_aligned(ep, bad, args, reset_names=[top.value]))
     assert any(r.status == "reset" for r in records)
     assert not [r for r in records if r.status == "mismatch" and r.kind in ("node", "output")]
+
+
+def test_a_weight_stored_transposed_is_compared_and_small_faults_in_it_are_found():
+    """optimize=True stores a Linear's weight transposed under a new name: it is compared with the
+    parameter. In float16, noise of 1e-2 on it barely moves any computed value (within rounding at
+    each node), yet it is another weight: a weight mismatch and the top culprit, while the correct
+    export has none."""
+    ep, prog, args, kwargs = zoo.export("llama", optimize=True, dtype=torch.float16)
+    model = prog.model_proto
+    p = prepare(ep, model)
+    stored = [w for w in p.alignment.weights if w.transposed]
+    assert stored, "the optimizer stores Linear weights transposed"
+    clean = list(sbs_widget.run_aligned(ep, model, args, kwargs))
+    by_key = {r.ep_target: r for r in clean if r.kind == "weight"}
+    assert all(by_key[w.key].status == "ok" and by_key[w.key].onnx_name == w.onnx_name for w in stored)
+    assert not [r for r in clean if r.status == "mismatch"]
+    target = stored[len(stored) // 2]
+    bad = faults.perturb_initializer(model, target.onnx_name, scale=1e-2)
+    records = list(sbs_widget.run_aligned(ep, bad, args, kwargs))
+    weight = next(r for r in records if r.kind == "weight" and r.ep_target == target.key)
+    assert weight.status == "mismatch" and "beyond rounding" in weight.comment
+    top = sbs_widget.culprits(ep, bad, args, kwargs)[0]
+    assert top.kind == "weight" and top.onnx_name == target.onnx_name
