@@ -196,3 +196,16 @@ def test_a_weight_stored_transposed_is_compared_and_small_faults_in_it_are_found
     assert weight.status == "mismatch" and "beyond rounding" in weight.comment
     top = sbs_widget.culprits(ep, bad, args, kwargs)[0]
     assert top.kind == "weight" and top.onnx_name == target.onnx_name
+
+
+def test_a_random_op_has_no_reference_and_says_why():
+    class Draw(torch.nn.Module):
+        def forward(self, x):
+            return torch.bernoulli(torch.sigmoid(x))
+
+    x = torch.randn(4, 4)
+    ep = torch.export.export(Draw(), (x,))
+    node = next(n for n in ep.graph.nodes if n.op == "call_function" and "bernoulli" in str(n.target))
+    env = {n.name: torch.sigmoid(x) for n in node.all_input_nodes}
+    with pytest.raises(NoReference, match="no deterministic float64 counterpart"):
+        reference_of(node, env)
