@@ -209,3 +209,31 @@ def test_a_random_op_has_no_reference_and_says_why():
     env = {n.name: torch.sigmoid(x) for n in node.all_input_nodes}
     with pytest.raises(NoReference, match="no deterministic float64 counterpart"):
         reference_of(node, env)
+
+
+def test_judge_rounding_near_zero_overflow_at_the_edge_and_a_real_fault():
+    """The rule on arrays: cancellation near zero is rounding, an overflow where the exact value sits at
+    float16's largest number is rounding, a NaN or a 1% change is not."""
+    from sbs_widget.engine.noise import judge
+
+    rng = np.random.default_rng(0)
+    ref = torch.tensor(rng.standard_normal(4096) * 1e3)
+    ref[7] = 3e-3  # a long sum that cancels: both sides are off by the summands' rounding
+    t = ref.float().double()
+    o = t.clone()
+    o[7] = ref[7] + 2.5e-4
+    t[7] = ref[7] - 1.5e-4
+    eps = float(torch.finfo(torch.float32).eps)
+    assert judge(t, o, ref, eps).noise
+    faulty = o.clone()
+    faulty[100] *= 1.01
+    assert not judge(t, faulty, ref, eps).noise
+    nan = o.clone()
+    nan[5] = float("nan")
+    assert not judge(t, nan, ref, eps).noise
+    edge = torch.tensor([65510.0, 1.0], dtype=torch.float64)
+    t16 = torch.tensor([float("inf"), 1.0])
+    o16 = torch.tensor([65504.0, 1.0])
+    eps16, max16 = float(torch.finfo(torch.float16).eps), float(torch.finfo(torch.float16).max)
+    assert judge(t16, o16, edge, eps16, max16).noise
+    assert not judge(t16, o16, torch.tensor([6e4, 1.0], dtype=torch.float64), eps16, max16).noise

@@ -24,7 +24,7 @@ import torch
 
 from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
-from sbs_widget.engine.noise import Verdict, epsilon, judge
+from sbs_widget.engine.noise import Verdict, epsilon, judge, largest
 from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of, upcast
 from sbs_widget.records import Record
 
@@ -114,7 +114,7 @@ class Judging:
                     self._add_source(fx_name)
                 continue
             try:
-                verdict = judge(env[fx_name], got, reference, epsilon(env[fx_name]))
+                verdict = judge(env[fx_name], got, reference, epsilon(env[fx_name]), largest(env[fx_name]))
             except (ValueError, TypeError, RuntimeError) as e:
                 if beyond:
                     rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
@@ -186,7 +186,7 @@ class Judging:
                 placeholders = dict(zip(names, self.flat))
             try:
                 reference = reference_of(p.fx_nodes[p.fx_position[rec.ep_name]], placeholders, FROM_PLACEHOLDERS)
-                verdict = judge(expected, got, reference, epsilon(expected))
+                verdict = judge(expected, got, reference, epsilon(expected), largest(expected))
             except (NoReference, ValueError, TypeError, RuntimeError) as e:
                 if beyond:
                     rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
@@ -223,7 +223,7 @@ class Judging:
                     rec.comment = _join(rec.comment, f"rounding: nothing beyond rounding upstream ({why})")
                 continue
             try:
-                verdict = judge(expected, got, reference, epsilon(expected))
+                verdict = judge(expected, got, reference, epsilon(expected), largest(expected))
             except (ValueError, TypeError, RuntimeError):
                 continue
             rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
