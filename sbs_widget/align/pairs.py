@@ -26,6 +26,7 @@ import operator
 import torch
 
 from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
+from sbs_widget.align.initializers import is_literal_of, stored_transposed
 from sbs_widget.align.twinless import (
     alias_no_ops,
     alias_reshape_inputs,
@@ -309,7 +310,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 take(ph, key, "weight", "weight")
         else:
             folded = index.folded_into().get(key, [])
-            if _stored_transposed(index, key, folded, by_name.get(ph)):
+            if stored_transposed(index, key, folded, by_name.get(ph)):
                 al.weights.append(WeightPair(ph, key, folded[0], True, "stored transposed by the ONNX optimizer",
                                              transposed=True))
                 continue
@@ -413,7 +414,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                         continue  # named after another FX node: that node's value, not this one's
                     if folded_elsewhere(x, node):
                         continue  # a constant folded from other values (a mask of the same shape)
-                    if _is_literal_of(x, user, index):
+                    if is_literal_of(x, user, index):
                         continue  # the translation of the consumer's own literal (where(m, x, -3.4e38))
                     if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
@@ -432,33 +433,3 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     explain_values_without_twin(nodes, al, index)
     return al
 
-
-def _is_literal_of(value: str, user: torch.fx.Node, index) -> bool:
-    """Whether ``value`` is a one-element initializer holding a number the FX node ``user`` takes as a
-    literal argument: the exporter's constant for that literal, not a twin of one of its FX inputs."""
-    init = index.initializers.get(value)
-    if init is None or index.initializer_numel(value) != 1:
-        return False
-    literals = [a for a in (*user.args, *user.kwargs.values())
-                if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    if not literals:
-        return False
-    from onnx import numpy_helper
-
-    try:
-        number = float(numpy_helper.to_array(init).reshape(-1)[0])
-    except (ValueError, TypeError, IndexError):
-        return False
-    return any(number == float(a) or (abs(a) > 1e30 and abs(number - a) <= 1e-6 * abs(a)) for a in literals)
-
-
-def _stored_transposed(index, key: str, folded: list[str], placeholder: torch.fx.Node | None) -> bool:
-    """Whether the one initializer ``key`` was folded into is that matrix transposed (a Linear's weight
-    the optimizer stored as MatMul reads it): then it is compared with the parameter, transposed."""
-    if len(folded) != 1 or index.folded_from(folded[0]) != [key] or placeholder is None:
-        return False
-    val = placeholder.meta.get("val")
-    init = index.initializers.get(folded[0])
-    if not isinstance(val, torch.Tensor) or init is None or val.ndim != 2:
-        return False
-    return list(init.dims) == [int(val.shape[1]), int(val.shape[0])]
