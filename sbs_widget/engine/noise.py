@@ -77,18 +77,30 @@ def judge(torch_value, onnx_value, reference: torch.Tensor, eps: float, largest:
 
 
 def _comparable_error(e_t: np.ndarray, ar: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """For the elements ``at``: torch's largest error over the elements no larger than each (or than
-    the median magnitude, for the small ones). An element near zero where a long sum cancels has the
-    error of its summands, not of its value: elements of comparable size tell it. Larger elements (a
-    fill value of -65504 absorbing the score added to it) do not loosen the bound of smaller ones."""
+    """For the elements ``at``: torch's largest error over the elements no larger than each, to a
+    factor of 2 (or than the median magnitude, for the small ones). An element near zero where a
+    long sum cancels has the error of its summands, not of its value: elements of comparable size
+    tell it. Larger elements (a fill value of -65504 absorbing the score added to it) do not loosen
+    the bound of smaller ones."""
     cut = float(np.median(ar))
     limits = np.maximum(ar[at], cut)
     if at.size <= 16:  # a masked max per element: a few passes, no sort
         return np.array([float(e_t[ar <= limit].max()) for limit in limits])
-    order = np.argsort(ar, kind="stable")
+    # Many elements: magnitudes to a factor of 2 (their binary exponents, 16-bit keys that numpy
+    # radix-sorts), then the running max of torch's error in that order.
+    exps = _exponents(ar)
+    order = np.argsort(exps, kind="stable")
     running = np.maximum.accumulate(e_t[order])
-    where = np.searchsorted(ar[order], limits, side="right") - 1
+    where = np.searchsorted(exps[order], _exponents(limits), side="right") - 1
     return running[np.clip(where, 0, len(running) - 1)]
+
+
+def _exponents(a: np.ndarray) -> np.ndarray:
+    """Binary exponents of ``a`` (>= 0) as int16, zeros lowest: |x| < 2**e."""
+    _, e = np.frexp(a)
+    e = e.astype(np.int16)
+    e[a == 0] = np.iinfo(np.int16).min
+    return e
 
 
 def _as_f64(value) -> np.ndarray:
