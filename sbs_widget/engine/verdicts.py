@@ -12,12 +12,13 @@ A pair beyond tolerance is judged in two steps:
 Sources are also looked for below tolerance: a pair within tolerance whose node-local value is more
 than ``SUSPECT_ULPS`` units in the last place (of the value's scale) off torch's gets the same float64
 check, so that a fault too small to fail the tolerance where it is born, yet grown beyond it
-downstream, still makes the downstream pairs mismatches. Inputs and weights that differ are sources.
+downstream, still makes the downstream pairs mismatches. Inputs and weights that differ are sources;
+a weight (or a constant-folded copy of one) that differs beyond rounding of its type is a mismatch
+even within tolerance. Outputs beyond tolerance are also measured against the whole program run in
+float64; constant-folded values against their computation from the weights in float64.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,9 +28,6 @@ from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge, largest
 from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of, upcast
 from sbs_widget.records import Record
-
-if TYPE_CHECKING:
-    pass
 
 SUSPECT_ULPS = 64  # node-local |diff| beyond this many ulps of the value's scale: checked in float64
 # A pair beyond tolerance whose node, on torch's inputs, agrees with torch within this many ulps of the
