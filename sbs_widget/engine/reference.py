@@ -159,17 +159,26 @@ def program_reference(program: torch.export.ExportedProgram, flat: list, last_us
     values: dict[str, object] = {}
     keep = set(wanted)
     flat_iter = iter(flat)
-    for position, n in enumerate(nodes):
-        if n.op == "placeholder":
-            values[n.name] = upcast(next(flat_iter))
-        elif n.op == "call_function":
-            with one_thread(_numel(n.meta.get("val"))):
+    threads = torch.get_num_threads()
+    single = False
+    try:
+        for position, n in enumerate(nodes):
+            if n.op == "placeholder":
+                values[n.name] = upcast(next(flat_iter))
+            elif n.op == "call_function":
+                small = _numel(n.meta.get("val")) < SMALL  # torch's pool only for big values
+                if threads > 1 and small != single:
+                    single = small
+                    torch.set_num_threads(1 if single else threads)
                 values[n.name] = _call(n, values)
-        elif n.op == "get_attr":
-            raise NoReference("the program reads attributes (get_attr): no whole-program reference")
-        else:
-            continue
-        for m in n.all_input_nodes:
-            if last_use.get(m.name, -1) <= position and m.name not in keep:
-                values.pop(m.name, None)
+            elif n.op == "get_attr":
+                raise NoReference("the program reads attributes (get_attr): no whole-program reference")
+            else:
+                continue
+            for m in n.all_input_nodes:
+                if last_use.get(m.name, -1) <= position and m.name not in keep:
+                    values.pop(m.name, None)
+    finally:
+        if single:
+            torch.set_num_threads(threads)
     return {name: values[name] for name in wanted if isinstance(values.get(name), torch.Tensor)}
