@@ -72,15 +72,15 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, r
 
 
 def _hold_reference_inputs(p: Prepared, fx_name: str, value: str, s: int, fx_release: dict[str, int]) -> None:
-    """Hold, until segment ``s`` is done, the torch values a float64 reference of ``fx_name`` reads:
-    from its ONNX group's anchors, or from its own inputs (``verdicts.py`` uses either)."""
-    from sbs_widget.engine.reference import NoReference, leaves
+    """Hold, until segment ``s`` is done, the torch values a float64 reference of ``fx_name`` reads
+    (``verdicts.py``): its ONNX group's anchors (held above) or its own inputs (an item of a tuple:
+    its producer's). The program's inputs and weights are read from the run's inputs."""
+    import operator
 
     node = p.fx_nodes[p.fx_position[fx_name]]
-    for stop in {p.reference_stop(value), frozenset()}:
-        try:
-            _, read = leaves(node, stop)
-        except NoReference:
-            continue
-        for n in read:
+    inputs = list(node.all_input_nodes)
+    if node.target is operator.getitem and inputs and inputs[0].op == "call_function":
+        inputs += inputs[0].all_input_nodes
+    for n in inputs:
+        if n.op != "placeholder":
             fx_release[n.name] = max(fx_release.get(n.name, -1), s)

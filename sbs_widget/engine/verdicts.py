@@ -20,6 +20,8 @@ float64; constant-folded values against their computation from the weights in fl
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import torch
 
@@ -46,6 +48,15 @@ class Judging:
         # values reset to torch's: downstream ONNX nodes read torch's value, no difference passes them
         to_fx = self.p.alignment.onnx_to_fx
         self._cuts = {to_fx[v] for v in self.reset if v in to_fx}
+        self._placeholders: dict | None = None
+
+    def _with_inputs(self, env: dict) -> collections.ChainMap:
+        """``env`` and, behind it, the run's inputs and weights by placeholder name (the runner frees
+        them from ``env`` after their last reader; the caller still holds them)."""
+        if self._placeholders is None:
+            names = [n.name for n in self.p.fx_nodes if n.op == "placeholder"]
+            self._placeholders = dict(zip(names, self.flat))
+        return collections.ChainMap(env, self._placeholders)
 
     def _add_source(self, fx_name: str | None) -> None:
         if fx_name is not None and fx_name not in self.sources:
@@ -106,7 +117,7 @@ class Judging:
             reference = references.get(key)
             if reference is None:
                 try:
-                    reference = reference_of(p.fx_nodes[p.fx_position[fx_name]], env, stop)
+                    reference = reference_of(p.fx_nodes[p.fx_position[fx_name]], self._with_inputs(env), stop)
                 except NoReference as e:
                     reference = e
                 references[key] = reference
@@ -175,7 +186,7 @@ class Judging:
         optimizer computed them, the way it rounds; against the FX computation from the weights in
         float64, they are noise when as close to exact as torch's own value."""
         p = self.p
-        placeholders = None
+        placeholders = self._with_inputs({})
         for rec, expected, got in items:
             # (within tolerance too: a folded copy of a weight off by more than rounding is another weight)
             if rec.status not in (R.MISMATCH, R.OK) or not rec.err_abs or rec.err_nan or \
@@ -183,9 +194,6 @@ class Judging:
                     rec.ep_name not in p.fx_position:
                 continue
             beyond = rec.status == R.MISMATCH
-            if placeholders is None:
-                names = [n.name for n in p.fx_nodes if n.op == "placeholder"]
-                placeholders = dict(zip(names, self.flat))
             try:
                 reference = reference_of(p.fx_nodes[p.fx_position[rec.ep_name]], placeholders, FROM_PLACEHOLDERS)
                 verdict = judge(expected, got, reference, epsilon(expected), largest(expected))
