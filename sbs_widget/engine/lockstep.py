@@ -330,11 +330,11 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
             batch.append((rec, expected, got))
             elements += got.size
             if elements >= BATCH_ELEMENTS:
-                yield from self._sourced(batch)
+                yield from self._weight_batch(batch)
                 batch, elements = [], 0
-        yield from self._sourced(batch)
+        yield from self._weight_batch(batch)
 
-    def _sourced(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
+    def _weight_batch(self, batch: list[tuple[Record, object, object]]) -> Iterator[Record]:
         """The weight records of ``batch``, measured; weights are copied, not computed: one that
         differs beyond rounding of its type is a mismatch even within tolerance, and a source."""
         self._compare_many([x for x in batch if x[1] is not None])

@@ -266,17 +266,14 @@ class Prepared:
             for w in self.alignment.weights:
                 fields = with_fields(self.record_fields(w.placeholder, w.onnx_name or None, R.KIND_WEIGHT, ""),
                                      ep_target=w.key, onnx_op_type="initializer" if w.onnx_name else None)
-                comparable = w.comparable
-                if w.transposed and w.onnx_name in self.alignment.onnx_to_fx:  # the program's transpose
+                comparable, comment = w.comparable, w.comment
+                if w.transposed and w.onnx_name in self.alignment.onnx_to_fx:  # the program's own transpose
                     comparable = False  # is compared with it already
-                    fields = with_fields(fields, onnx_name=None, onnx_op_type=None,
-                                         comment=f"folded into {w.onnx_name} (compared where the program "
-                                                 "transforms it)")
-                elif w.transposed:
-                    fields = with_fields(fields, comment=w.comment)
-                if not comparable and not w.transposed:
-                    fields = with_fields(fields, status=R.ONE_SIDED, comment=w.comment)
-                elif not comparable:
+                    comment = f"folded into {w.onnx_name} (compared where the program transforms it)"
+                    fields = with_fields(fields, onnx_name=None, onnx_op_type=None)
+                if comment:
+                    fields = with_fields(fields, comment=comment)
+                if not comparable:
                     fields = with_fields(fields, status=R.ONE_SIDED)
                 plan.append((fields, w.placeholder, w.onnx_name if comparable else None, w.transposed))
             self._weight_records = plan
