@@ -237,3 +237,32 @@ def test_judge_rounding_near_zero_overflow_at_the_edge_and_a_real_fault():
     eps16, max16 = float(torch.finfo(torch.float16).eps), float(torch.finfo(torch.float16).max)
     assert judge(t16, o16, edge, eps16, max16).noise
     assert not judge(t16, o16, torch.tensor([6e4, 1.0], dtype=torch.float64), eps16, max16).noise
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_compiled_verdict_gives_numpys_figures(monkeypatch, dtype):
+    """``_noise.c`` and numpy's path judge alike, figure for figure: sizes around the sample's stride
+    and the SIMD block, zeros (a median of 0), elements near zero and large ones over the first bound."""
+    from sbs_widget.engine import noise
+
+    if noise._noise is None:
+        pytest.skip("built without a C compiler")
+    rng = np.random.default_rng(3)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float16
+    verdicts = set()
+    for trial, n in enumerate([1, 7, 9, 100, 8191, 8193, 16383, 16384, 20000, 65536] * 4):
+        r = rng.standard_normal(n) * 10 ** rng.uniform(-3, 3)
+        if trial % 4 == 1:
+            r[rng.random(n) < 0.6] = 0.0  # ReLU-like: the median magnitude is 0
+        t = r.astype(np_dtype).astype(np.float64)
+        o = r + (t - r) * rng.uniform(0, 12, size=n)  # up to 12x torch's error: some elements over 8x
+        if trial % 3 == 0:  # a fault on a few elements, large or small
+            o[rng.integers(0, n, size=max(1, n // 50))] += rng.standard_normal() * np.abs(r).max() * 1e-4
+        args = (torch.from_numpy(t.astype(np_dtype)), torch.from_numpy(o.astype(np_dtype)), torch.from_numpy(r),
+                float(np.finfo(np_dtype).eps), float(np.finfo(np_dtype).max))
+        compiled = noise.judge(*args)
+        with monkeypatch.context() as m:
+            m.setattr(noise, "_noise", None)
+            assert noise.judge(*args) == compiled, (n, trial)
+        verdicts.add(compiled.noise)
+    assert verdicts == {True, False}  # both verdicts were exercised

@@ -29,6 +29,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+try:  # the verdict of a float32 pair in two passes (sbs_widget/engine/_noise.c); numpy's path without it
+    from sbs_widget.engine import _noise
+except ImportError:  # pragma: no cover - built without a C compiler
+    _noise = None
+
 FACTOR = 8.0
 ULPS = 8.0
 
@@ -46,6 +51,9 @@ def judge(torch_value, onnx_value, reference: torch.Tensor, eps: float, largest:
     ``largest``: its largest finite number (where the exact value lies at the edge of the range, one
     side may round to it and the other overflow to inf: rounding too)."""
     r = reference.detach().cpu().reshape(-1).to(torch.float64).numpy()
+    compiled = _compiled(torch_value, onnx_value, r, eps)
+    if compiled is not None:
+        return compiled
     t = _as_f64(torch_value).reshape(-1)
     o = _as_f64(onnx_value).reshape(-1)
     if not (r.size == t.size == o.size):
@@ -86,10 +94,8 @@ def _comparable_error(e_t: np.ndarray, ar: np.ndarray, at: np.ndarray) -> np.nda
     step = max(1, ar.size // 8192)  # the median of a strided sample: a cut, not a statistic
     cut = float(np.median(ar[::step]))
     limits = np.maximum(ar[at], cut)
-    if at.size <= 16:  # a masked max per element: a few passes, no sort
-        return np.array([float(e_t[ar <= limit].max()) for limit in limits])
-    # Many elements: magnitudes to a factor of 2 (binary exponents). Few distinct exponents among
-    # them (the usual case): a masked max per exponent; else a radix sort and a running max.
+    # Magnitudes to a factor of 2 (binary exponents). Few distinct exponents among the elements
+    # asked for (the usual case): a masked max per exponent; else a radix sort and a running max.
     exps, wanted = _exponents(ar), _exponents(limits)
     distinct = np.unique(wanted)
     if distinct.size <= 16:
@@ -107,6 +113,35 @@ def _exponents(a: np.ndarray) -> np.ndarray:
     e = e.astype(np.int16)
     e[a == 0] = np.iinfo(np.int16).min
     return e
+
+
+def _compiled(torch_value, onnx_value, r: np.ndarray, eps: float) -> Verdict | None:
+    """The compiled verdict for float32/float16/bfloat16 pairs that are finite everywhere (the usual
+    case), else None (numpy's path). Half precision is widened to float32 exactly."""
+    if _noise is None:
+        return None
+    t, o = _as_f32(torch_value), _as_f32(onnx_value)
+    if t is None or o is None or not (t.size == o.size == r.size):
+        return None
+    figures = _noise.judge_f32(t, o, r, eps, FACTOR, ULPS)
+    if figures is None:  # NaN/Inf somewhere: numpy's path judges where they sit
+        return None
+    err_torch, err_onnx, scale, excess = figures
+    return Verdict(excess <= 1.0, err_torch, err_onnx, scale, excess)
+
+
+_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _as_f32(value) -> np.ndarray | None:
+    """``value`` as a C-contiguous float32 array (exact), or None when it is of another type."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _WIDENED:
+            return None
+        return np.ascontiguousarray(value.detach().cpu().reshape(-1).to(torch.float32).numpy())
+    if isinstance(value, np.ndarray) and value.dtype in (np.float32, np.float16):
+        return np.ascontiguousarray(value.reshape(-1), dtype=np.float32)
+    return None
 
 
 def _as_f64(value) -> np.ndarray:
