@@ -266,3 +266,30 @@ def test_the_compiled_verdict_gives_numpys_figures(monkeypatch, dtype):
             assert noise.judge(*args) == compiled, (n, trial)
         verdicts.add(compiled.noise)
     assert verdicts == {True, False}  # both verdicts were exercised
+
+
+def test_the_program_in_float64_advances_with_the_run_and_judges_pairs_first(loud):
+    """With every pair beyond tolerance (atol = rtol = 0), the pairs of a correct export are measured
+    against the program run in float64 alongside: all noise, no node rerun needed; the shadow's
+    values, advanced in steps, are the whole-program run's."""
+    from sbs_widget.engine.reference import ProgramShadow
+
+    ep, prog, args, _ = loud
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, atol=0.0, rtol=0.0))
+    assert not [r for r in records if r.status == "mismatch"]
+    direct = [r for r in records if r.status == "noise" and "program run in float64" in (r.comment or "")]
+    assert direct and all(r.err_onnx is not None and r.ref_scale for r in direct)
+
+    p = prepare(ep, prog.model_proto)
+    flat = flat_inputs(p.decomposed_ep, args, {})
+    names = [n.name for n in program_outputs(p.decomposed_ep)]
+    whole = program_reference(p.decomposed_ep, flat, p.fx_last_use, names)
+    shadow = ProgramShadow(p.decomposed_ep, flat, p.fx_last_use)
+    convs = [n.name for n in p.fx_nodes if "convolution" in str(n.target) or "conv2d" in str(n.target)]
+    mid = convs[len(convs) // 2]
+    shadow.advance(p.fx_position[mid], keep=[mid])
+    assert shadow.get(mid) is not None and shadow.position == p.fx_position[mid] + 1
+    shadow.settle()
+    shadow.advance(len(p.fx_nodes), keep=names)
+    assert shadow.get(mid) is None  # freed after its last reader
+    assert torch.equal(shadow.get(names[0]), whole[names[0]])

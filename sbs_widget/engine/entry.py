@@ -195,7 +195,7 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
       every downstream ONNX node ("if this value were right, would the rest be?").
     - ``node_local``: also run each ONNX node (or fused group) on torch inputs; fills ``err_local``.
     - ``atol``/``rtol``: a pair is beyond tolerance when some |diff| > atol + rtol * |torch|. ``None``:
-      the default for the precision the program computes in (1e-4 for float32, 3e-2 for float16: see
+      the default for the precision the program computes in (1e-4 for float32, 1e-3 for float16: see
       ``tolerance.py``; ``Prepared.tolerance()`` tells which).
     - ``exc``: raise ``ToleranceExceeded`` at the first pair beyond tolerance.
     - ``progress``: called with ``(done, total, current FX node name)``.

@@ -343,7 +343,7 @@ class Prepared:
 
     def tolerance(self, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
         """``(atol, rtol)``, each given one as is, each ``None`` the default for the program's
-        precision (``tolerance.py``: 1e-4 for float32, 3e-2 for float16)."""
+        precision (``tolerance.py``: 1e-4 for float32, 1e-3 for float16)."""
         return resolve(atol, rtol, self.precision)
 
     # -- running ---------------------------------------------------------------------------------

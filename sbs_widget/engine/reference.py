@@ -149,36 +149,79 @@ def _call(node: torch.fx.Node, values: dict):
         raise NoReference(f"no float64 kernel for {node.target}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
+class ProgramShadow:
+    """The whole program run in float64 from its inputs and weights (``flat``, in placeholder order)
+    upcast, node by node, as far as asked: the exact value of any FX node for the run, against which
+    torch's value and onnxruntime's can each be measured (with all each inherits). It advances with
+    the lockstep, so that the run's values and these are at hand together; a value is freed after
+    its last reader (``last_use``: FX name -> position of that reader) unless asked to be kept.
+    ``failed`` says why, once a node has no float64 counterpart (then nothing more is computed)."""
+
+    def __init__(self, program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int]):
+        self._nodes = list(program.graph.nodes)
+        self._flat = iter(flat)
+        self._last_use = last_use
+        self._values: dict[str, object] = {}
+        self._kept: set[str] = set()
+        self.position = 0  # the next node to compute
+        self.failed: str | None = None
+
+    def advance(self, upto: int, keep=()) -> None:
+        """Compute the nodes up to position ``upto`` (included); the values of ``keep`` stay until
+        ``settle``."""
+        self._kept.update(keep)
+        if self.failed is not None or upto < self.position:
+            return
+        threads = torch.get_num_threads()
+        single = False
+        try:
+            for position in range(self.position, min(upto + 1, len(self._nodes))):
+                n = self._nodes[position]
+                if n.op == "placeholder":
+                    self._values[n.name] = upcast(next(self._flat))
+                elif n.op == "call_function":
+                    small = _numel(n.meta.get("val")) < SMALL  # torch's pool only for big values
+                    if threads > 1 and small != single:
+                        single = small
+                        torch.set_num_threads(1 if single else threads)
+                    self._values[n.name] = _call(n, self._values)
+                elif n.op == "get_attr":
+                    raise NoReference("the program reads attributes (get_attr): no whole-program reference")
+                self.position = position + 1
+                if n.op != "output":  # (the outputs stay)
+                    self._free(n, position)
+        except NoReference as e:
+            self.failed = str(e)
+            self._values.clear()
+        finally:
+            if single:
+                torch.set_num_threads(threads)
+
+    def _free(self, node: torch.fx.Node, position: int) -> None:
+        for m in node.all_input_nodes:
+            if self._last_use.get(m.name, -1) <= position and m.name not in self._kept:
+                self._values.pop(m.name, None)
+
+    def get(self, name: str) -> torch.Tensor | None:
+        value = self._values.get(name)
+        return value if isinstance(value, torch.Tensor) else None
+
+    def settle(self) -> None:
+        """Free the kept values whose last reader has been computed."""
+        done = self.position - 1
+        for name in self._kept:
+            if self._last_use.get(name, len(self._nodes)) <= done and \
+                    self._nodes[self._last_use[name]].op != "output":
+                self._values.pop(name, None)
+        self._kept.clear()
+
+
 def program_reference(program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int],
                       wanted: list[str]) -> dict[str, torch.Tensor]:
     """The values of FX nodes ``wanted`` (the program's outputs) with the whole program run in float64
-    from its inputs and weights (``flat``, in placeholder order) upcast: the run-level reference,
-    against which the outputs of torch and of onnxruntime can each be measured. Values are freed after
-    their last use (``last_use``: FX name -> position of its last reader)."""
-    nodes = list(program.graph.nodes)
-    values: dict[str, object] = {}
-    keep = set(wanted)
-    flat_iter = iter(flat)
-    threads = torch.get_num_threads()
-    single = False
-    try:
-        for position, n in enumerate(nodes):
-            if n.op == "placeholder":
-                values[n.name] = upcast(next(flat_iter))
-            elif n.op == "call_function":
-                small = _numel(n.meta.get("val")) < SMALL  # torch's pool only for big values
-                if threads > 1 and small != single:
-                    single = small
-                    torch.set_num_threads(1 if single else threads)
-                values[n.name] = _call(n, values)
-            elif n.op == "get_attr":
-                raise NoReference("the program reads attributes (get_attr): no whole-program reference")
-            else:
-                continue
-            for m in n.all_input_nodes:
-                if last_use.get(m.name, -1) <= position and m.name not in keep:
-                    values.pop(m.name, None)
-    finally:
-        if single:
-            torch.set_num_threads(threads)
-    return {name: values[name] for name in wanted if isinstance(values.get(name), torch.Tensor)}
+    (``ProgramShadow`` run to the end)."""
+    shadow = ProgramShadow(program, flat, last_use)
+    shadow.advance(len(shadow._nodes), keep=wanted)
+    if shadow.failed is not None:
+        raise NoReference(shadow.failed)
+    return {name: shadow.get(name) for name in wanted if shadow.get(name) is not None}

@@ -28,7 +28,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge, largest
-from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, program_reference, reference_of, upcast
+from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, ProgramShadow, reference_of, upcast
 from sbs_widget.records import Record
 
 SUSPECT_ULPS = 64  # node-local |diff| beyond this many ulps of the value's scale: checked in float64
@@ -49,6 +49,8 @@ class Judging:
         to_fx = self.p.alignment.onnx_to_fx
         self._cuts = {to_fx[v] for v in self.reset if v in to_fx}
         self._placeholders: dict | None = None
+        self._shadow: ProgramShadow | None = None  # the program in float64, once a verdict needs it
+        self._no_shadow = ""  # why there is none (memory, no float64 kernel)
 
     def _with_inputs(self, env: dict) -> collections.ChainMap:
         """``env`` and, behind it, the run's inputs and weights by placeholder name (the runner frees
@@ -92,6 +94,7 @@ class Judging:
         # the pairs to judge: beyond tolerance, or with a node-local error (maybe a source below it);
         # on a clean run without node-local values, none (this loop runs for every record of a run)
         todo = [x for x in records if x[0].status == mismatch or x[0].err_local]
+        shadow = self._shadow_for([fx for rec, fx, o in todo if self._against_program(rec, fx, o, env, local_scale)])
         for rec, fx_name, o in todo:
             if fx_name is None or o is None or rec.status not in (R.OK, R.MISMATCH) or rec.kind != R.KIND_NODE:
                 continue
@@ -108,6 +111,9 @@ class Judging:
                     rec.err_local <= SAME_ULPS * epsilon(env[fx_name]) * scale:
                 self._inherited(rec, fx_name, f"on torch's inputs the ONNX side agrees with torch within "
                                               f"{SAME_ULPS} ulps of the value's scale")
+                continue
+            if shadow is not None and self._against_program(rec, fx_name, o, env, local_scale) and \
+                    self._as_exact_as_torch(rec, fx_name, env[fx_name], onnx_env.get(o), shadow):
                 continue
             got = local.get(o)
             stop = p.reference_stop(o) if got is not None else frozenset()
@@ -134,6 +140,59 @@ class Judging:
                     self._add_source(fx_name)
                 continue
             self._apply(rec, fx_name, verdict, beyond)
+        if shadow is not None:
+            shadow.settle()
+
+    def _against_program(self, rec: Record, fx_name: str | None, o: str | None, env: dict,
+                         local_scale: dict[int, float]) -> bool:
+        """A pair beyond tolerance whose node, on torch's inputs, rounds within ``SUSPECT_ULPS`` of its
+        scale (as pairs within tolerance are let through): before its node is rerun in float64, its
+        value is measured against the program's own in float64 (all it inherits included)."""
+        if rec.status != R.MISMATCH or rec.kind != R.KIND_NODE or fx_name is None or o is None or \
+                rec.err_local is None:
+            return False
+        value = env.get(fx_name)
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            return False
+        scale = local_scale.get(id(rec))
+        return scale is not None and not self._suspect(rec, value, scale) and \
+            not rec.err_local <= SAME_ULPS * epsilon(value) * scale  # (those need no float64 at all)
+
+    def _as_exact_as_torch(self, rec: Record, fx_name: str, value: torch.Tensor, got, shadow: ProgramShadow) -> bool:
+        """Whether the pair's ONNX value is as close to the program run in float64 as torch's: then the
+        node, rounding within a few ulps on torch's inputs, is no source, and what the pair carries is
+        rounding unless a source lies upstream (no float64 rerun of the node needed)."""
+        exact = shadow.get(fx_name)
+        if exact is None or got is None:
+            return False
+        try:
+            verdict = judge(value, got, exact, epsilon(value), largest(value))
+        except (ValueError, TypeError, RuntimeError):
+            return False
+        if not verdict.noise:
+            return False
+        rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
+        self._inherited(rec, fx_name, "onnxruntime as close to the program run in float64 as torch, and its node "
+                                      f"agrees with torch on torch's inputs within {SUSPECT_ULPS} ulps of the scale")
+        return True
+
+    def _shadow_for(self, names: list[str]) -> ProgramShadow | None:
+        """The program in float64 advanced to the FX nodes ``names`` (their values kept until the
+        segment is judged), started on first need; None where it cannot run."""
+        if not names or self._no_shadow:
+            return None
+        if self._shadow is None:
+            why = self._too_big_for_float64()
+            if why:
+                self._no_shadow = why
+                return None
+            self._shadow = ProgramShadow(self.p.decomposed_ep, self.flat, self.p.fx_last_use)
+        position = self.p.fx_position
+        self._shadow.advance(max(position[n] for n in names), keep=names)
+        if self._shadow.failed is not None:
+            self._no_shadow = f"no whole-program float64 run: {self._shadow.failed}"
+            self._shadow = None
+        return self._shadow
 
     def _suspect(self, rec: Record, value: torch.Tensor, scale: float | None) -> bool:
         """A pair within tolerance whose node-local value is far, in ulps, from torch's."""
@@ -245,16 +304,23 @@ class Judging:
                     "on torch's inputs", "for the whole program"))
 
     def _program_reference(self, names: list[str]) -> tuple[dict[str, torch.Tensor], str]:
-        """The whole program's values ``names`` in float64, or ``{}`` and why not."""
+        """The whole program's values ``names`` in float64 (the shadow run to the end), or ``{}`` and
+        why not."""
+        shadow = self._shadow_for(names)
+        if shadow is None:
+            return {}, self._no_shadow
+        shadow.advance(len(self.p.fx_nodes), keep=names)
+        if shadow.failed is not None:
+            return {}, f"no whole-program float64 run: {shadow.failed}"
+        return {name: shadow.get(name) for name in names if shadow.get(name) is not None}, ""
+
+    def _too_big_for_float64(self) -> str:
         p = self.p
         need = p.weight_bytes * 8 // max(1, _smallest_float_size(p)) + 4 * p.live_bytes
         available = available_memory()
         if available is not None and need > available // 2:
-            return {}, f"no whole-program float64 run: it needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} free"
-        try:
-            return program_reference(p.decomposed_ep, self.flat, p.fx_last_use, names), ""
-        except NoReference as e:
-            return {}, f"no whole-program float64 run: {e}"
+            return f"no whole-program float64 run: it needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} free"
+        return ""
 
 
 def _smallest_float_size(p) -> int:

@@ -42,7 +42,7 @@ class SbsWidget(anywidget.AnyWidget):
     ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
     ``onx=None`` when ``ep`` is a ``torch.onnx.ONNXProgram`` (it holds both sides).
     ``atol``/``rtol``: ``None`` for the default of the precision the program computes in (1e-4 for
-    float32, 3e-2 for float16), set on the widget once the first run has prepared the program.
+    float32, 1e-3 for float16), set on the widget once the first run has prepared the program.
     ``time_limit``: seconds each run may take; past it the run ends with status "error" and a message
     naming the node it was at (the records so far are kept).
 
