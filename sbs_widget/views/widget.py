@@ -75,6 +75,11 @@ class SbsWidget(anywidget.AnyWidget):
     fx_dot = traitlets.Unicode("").tag(sync=True)
     onnx_dot = traitlets.Unicode("").tag(sync=True)
     culprits = traitlets.List().tag(sync=True)  # of the latest finished run: Culprit dicts + "i" (record)
+    # Set by the view (read them through ``selected`` and ``filtered_dataframe()``): positions, in the
+    # current run's records, of the rows selected in the table, and of the rows on screen in screen
+    # order (after the filters and the sort). Observable like any trait.
+    selected_rows = traitlets.List(traitlets.Int()).tag(sync=True)
+    view_rows = traitlets.List(traitlets.Int()).tag(sync=True)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
@@ -97,6 +102,7 @@ class SbsWidget(anywidget.AnyWidget):
         self._rerun_lock = threading.RLock()  # reruns from several threads start one run at a time
         self._sent: dict[int, int] = {}  # run id -> rows already pushed to the views
         self._report_lock = threading.Lock()
+        self._view_drawn = False  # a view has reported the rows on its screen (view_rows)
         self.on_msg(self._on_msg)
         if autostart and ep is not None:
             self.rerun()
@@ -141,6 +147,24 @@ class SbsWidget(anywidget.AnyWidget):
             raise InputError(f"run={run!r} does not exist: this widget has {n} run(s), give 0 to {n - 1} "
                              "(or -1, the current one)")
         return to_dataframe(self._runs[run].records)
+
+    @property
+    def selected(self) -> list:
+        """Records of the rows selected in the table (current run), in the order they were selected."""
+        records = self._runs[-1].records if self._runs else []
+        return [records[i] for i in self.selected_rows if 0 <= i < len(records)]
+
+    def filtered_dataframe(self):
+        """The rows on screen (filters and search applied), in screen order, as a DataFrame; every row
+        of the current run before a view has drawn the table."""
+        records = self._runs[-1].records if self._runs else []
+        if not self.view_rows and records and not self._view_drawn:
+            return to_dataframe(records)
+        return to_dataframe([records[i] for i in self.view_rows if 0 <= i < len(records)])
+
+    @traitlets.observe("view_rows")
+    def _on_view_rows(self, change) -> None:
+        self._view_drawn = True
 
     def rerun(self, reset_names=None) -> "SbsWidget":
         """Start a new run with ``reset_names`` (default: ``self.reset_names``); earlier runs are kept.
