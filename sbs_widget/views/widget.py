@@ -120,6 +120,33 @@ class SbsWidget(anywidget.AnyWidget):
         w._publish(run, final=True)
         return w
 
+    # --- static fallback -----------------------------------------------------------------------
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget's mimebundle plus a ``text/html`` fallback (``views/fallback.py``) for pages that
+        render no widget (nbconvert without widget state, nbviewer, GitHub): the state when the output
+        is produced, so ``SbsWidget(...).wait()`` as a cell's value gives the complete one."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        try:
+            data = dict(data, **{"text/html": self._fallback_html()})
+        except Exception as e:  # the live view must show even if the fallback cannot be built
+            warnings.warn(f"no static fallback: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
+        return data, metadata
+
+    def _fallback_html(self) -> str:
+        from sbs_widget.views.fallback import fallback_html
+        from sbs_widget.views.summary import summarize
+
+        run = self._runs[-1] if self._runs else None
+        records = list(run.records) if run is not None else []
+        lines = summarize(records, self._prepared).lines() if records else []
+        return fallback_html(title=self.title, run_id=self.run_id, status=self.status, records=records,
+                             summary_lines=lines, culprits=list(self.culprits) if self.status == "done" else [],
+                             atol=self.atol, rtol=self.rtol, reset_names=self.reset_names)
+
     # --- public API --------------------------------------------------------------------------
 
     @property

@@ -1,0 +1,72 @@
+"""The widget's static fallback: plain HTML (no script, no style a host could strip) that pages
+rendering no widget show instead: nbconvert without widget state, nbviewer, GitHub.
+
+It is the state when the output was produced: the summary, the culprits and the worst pairs. Every
+string from a model is escaped (a name may hold ``<script>``). A live view ignores it (hosts that
+render widgets prefer the widget's mimetype).
+"""
+
+from __future__ import annotations
+
+import html
+
+from sbs_widget import records as R
+from sbs_widget.views.rows import error_key
+from sbs_widget.views.shared_rules import SEVERITY
+
+WORST_ROWS = 15  # pairs listed: the most severe, then the largest errors
+_COLUMNS = (("status", "status"), ("FX node", "ep_name"), ("ONNX value", "onnx_name"), ("op", "onnx_op_type"),
+            ("err_abs", "err_abs"), ("min atol", "min_atol"), ("comment", "comment"))
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    text = "" if value is None else str(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def worst_records(records: list, n: int = WORST_ROWS) -> list:
+    """The ``n`` pairs a reader should see first: by status severity, then by error."""
+    compared = [r for r in records if r.status != R.ONE_SIDED]
+    return sorted(compared, key=lambda r: (-SEVERITY.get(r.status, 0), -error_key(r.err_abs)))[:n]
+
+
+def fallback_html(*, title: str, run_id: int, status: str, records: list, summary_lines: list[str],
+                  culprits: list[dict], atol: float, rtol: float, reset_names=()) -> str:
+    """The static fallback of a run (``status``: the widget's; ``culprits``: its culprit dicts)."""
+    head = f"sbs_widget{': ' + title if title else ''}"
+    parts = [f"<div class=\"sbs-widget-fallback\"><p><b>{_e(head)}</b> (static copy: the interactive view needs a "
+             "running kernel)</p>"]
+    state = f"run {run_id}: {status}, {len(records)} record(s), atol={atol:g}, rtol={rtol:g}"
+    if reset_names:
+        state += f", reset set: {', '.join(sorted(reset_names))}"
+    parts.append(f"<p>{_e(state)}</p>")
+    if status in ("running", "preparing", "idle"):
+        parts.append("<p>The run had not ended when this output was produced. Display the widget after "
+                     "<code>w.wait()</code>, or write <code>w.save_html(path)</code>, for a complete static copy.</p>")
+    if summary_lines:
+        parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in summary_lines) + "</ul>")
+    if culprits:
+        parts.append("<p><b>Culprits</b> (where the difference starts):</p><ol>")
+        for c in culprits:
+            where = " / ".join(_e(x) for x in (c.get("onnx_node") or c.get("onnx_name"), c.get("onnx_op_type"),
+                                               c.get("ep_name")) if x)
+            parts.append(f"<li>{where}: {_e(c.get('reason'))}</li>")
+        parts.append("</ol>")
+    elif status == "done":
+        parts.append("<p>No culprit: no pair differs beyond tolerance and beyond rounding.</p>")
+    rows = worst_records(records)
+    if rows:
+        parts.append(f"<p><b>The {len(rows)} worst pair(s)</b> of {len(records)}:</p><table><thead><tr>"
+                     + "".join(f"<th>{_e(label)}</th>" for label, _ in _COLUMNS) + "</tr></thead><tbody>")
+        for r in rows:
+            parts.append("<tr>" + "".join(f"<td>{_e(_cell(getattr(r, field, None)))}</td>" for _, field in _COLUMNS)
+                         + "</tr>")
+        parts.append("</tbody></table>")
+    parts.append("</div>")
+    return "\n".join(parts)
