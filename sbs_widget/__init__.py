@@ -14,6 +14,7 @@ from sbs_widget.dumps.steal import ForwardStealer, load_dump, steal_forward
 from sbs_widget.engine.entry import Prepared, prepare, run_aligned
 from sbs_widget.engine.runtimes import Runtime, get_runtime
 from sbs_widget.errors import (
+    ExportError,
     InputError,
     LoadError,
     ModelMismatchError,
@@ -24,6 +25,7 @@ from sbs_widget.errors import (
     ToleranceExceeded,
 )
 from sbs_widget.graphs.dot import fx_graph, onnx_graph
+from sbs_widget.load.export import Exported, export_module
 from sbs_widget.records import Record, to_dataframe
 from sbs_widget.samples.dummy_llm import dummy_llm
 from sbs_widget.strings import string_type
@@ -31,6 +33,8 @@ from sbs_widget.views.widget import SbsWidget
 
 __all__ = [
     "Culprit",
+    "ExportError",
+    "Exported",
     "ForwardStealer",
     "InputError",
     "LoadError",
@@ -50,6 +54,7 @@ __all__ = [
     "compare_dump",
     "culprits",
     "dummy_llm",
+    "export_module",
     "export_repro",
     "find_culprits",
     "fx_graph",

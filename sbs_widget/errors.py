@@ -43,3 +43,12 @@ class RunCancelled(SbsError):
 
 class RunTimeout(RunCancelled, TimeoutError):
     """The run's ``time_limit`` was reached (``run_aligned(..., time_limit=)``, CLI ``--time-limit``)."""
+
+
+class ExportError(SbsError, RuntimeError):
+    """Exporting a model (``from_module``) failed; ``stage``: 0 for ``torch.export.export``, 1 for
+    ``torch.onnx.export``; the message names it and the original error is chained."""
+
+    def __init__(self, message: str, stage: int):
+        super().__init__(message)
+        self.stage = stage

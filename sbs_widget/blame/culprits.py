@@ -401,8 +401,9 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     ``reference=False``: no float64 verdict (pairs beyond tolerance are all mismatches, as before
     the ``noise`` status).
 
-    ``ep``/``onx``: as for ``prepare`` (or a ``Prepared``); ``inputs``: args tuple, or a path to a
-    ``torch.save``d inputs file.
+    ``ep``/``onx``: as for ``prepare`` (or a ``Prepared``), or a ``torch.nn.Module`` with ``onx=None``
+    (exported here: ``export_module``); ``inputs``: args tuple, or a path to a ``torch.save``d inputs
+    file.
 
     >>> import torch, sbs_widget
     >>> model, inputs = sbs_widget.dummy_llm()
@@ -410,6 +411,9 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     >>> sbs_widget.culprits(prog, None, inputs)                                            # doctest: +SKIP
     []
     """
+    from sbs_widget.engine.entry import from_model
+
+    ep, onx = from_model(ep, onx, inputs, kwargs)
     prepared = as_prepared(ep, onx)
     atol, rtol = prepared.tolerance(atol, rtol)
     records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True,

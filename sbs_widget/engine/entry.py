@@ -37,8 +37,15 @@ from sbs_widget.engine.prepared import Prepared, Progress
 from sbs_widget.engine.runtimes import Runtime
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from sbs_widget.errors import InputError, ModelMismatchError, SbsWidgetWarning
+from sbs_widget.load.export import Exported, export_module
 from sbs_widget.load.onnx_index import OnnxIndex
-from sbs_widget.load.readers import decompose_as_exporter, is_onnx_program, load_exported_program, load_onnx_model
+from sbs_widget.load.readers import (
+    decompose_as_exporter,
+    is_onnx_program,
+    load_exported_program,
+    load_inputs,
+    load_onnx_model,
+)
 from sbs_widget.records import Record
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
@@ -88,22 +95,27 @@ def prepare(ep, onx=None) -> Prepared:
     """Load, decompose (as the exporter does) and align once; the result runs many times.
 
     ``ep``: an ExportedProgram (the one ``torch.export.export`` returns), a ``.pt2`` path, or the
-    ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional).
+    ``ONNXProgram`` returned by ``torch.onnx.export`` (then ``onx`` is optional), or what
+    ``export_module`` returns (both programs: the user's is accounted for node by node).
     ``onx``: an ``onnx.ModelProto`` or a path (external data is loaded).
     The last few pairs are cached, keyed by content (a digest of the ONNX model's or the file's bytes, the
     program's code and the version counters of its weights), so that repeated calls on the same
     content cost a digest, and an edited model or file is prepared again; the cache holds the
     objects, so identities stay valid.
     """
+    if isinstance(ep, torch.nn.Module):  # exporting needs the inputs: prepare has none
+        raise InputError("prepare needs the programs: export the model first (sbs_widget.export_module(model, "
+                         "args)), or give the model to run_aligned / culprits / SbsWidget.from_module with its "
+                         "inputs")
     key = _cache_key(ep, onx)
     hit = _PREPARED.get(key)
     if hit is not None:
         _PREPARED.move_to_end(key)
         return hit[1]
     start_threads()  # the runs to come need them
-    if is_onnx_program(ep):
+    if is_onnx_program(ep) or isinstance(ep, Exported):
         model = load_onnx_model(onx if onx is not None else ep.model_proto)
-        prepared = Prepared(ep.exported_program, model, None)
+        prepared = Prepared(ep.exported_program, model, ep.user_ep if isinstance(ep, Exported) else None)
     else:
         if onx is None:
             raise InputError("onx is required: pass the ONNX model (ModelProto or path) exported from ep")
@@ -132,6 +144,18 @@ def prepare(ep, onx=None) -> Prepared:
     return prepared
 
 
+def from_model(ep, onx, args, kwargs):
+    """``(ep, onx)`` as given, or, for a ``torch.nn.Module``, both programs exported from it on the
+    run's inputs (``load.export``: default options; ``export_module`` takes the others)."""
+    if not isinstance(ep, torch.nn.Module):
+        return ep, onx
+    if onx is not None:
+        raise InputError("a model is exported here: pass no ONNX model with it (or pass the ExportedProgram "
+                         "and the ONNX model exported from it)")
+    args, kwargs = load_inputs(args, kwargs)
+    return export_module(ep, args, kwargs), None
+
+
 def _cache_key(ep, onx) -> tuple:
     """What a preparation depends on, by content: a ModelProto edited in place, a file rewritten
     within its modification time, or a program whose weights changed in place is prepared again."""
@@ -146,7 +170,7 @@ def _content_key(x) -> tuple:
         return ("onnx", id(x), _model_digest(x))
     if isinstance(x, torch.export.ExportedProgram):
         return ("program", id(x), _program_version(x))
-    if is_onnx_program(x):
+    if is_onnx_program(x) or isinstance(x, Exported):
         return ("onnx_program", id(x), _program_version(x.exported_program), _model_digest(x.model_proto))
     return ("object", id(x))
 
@@ -189,7 +213,9 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
                 time_limit: float | None = None, **options) -> Iterator[Record]:
     """Run ``ep`` and ``onx`` in lockstep and yield one ``Record`` per aligned pair, in execution order.
 
-    - ``ep``/``onx``: see ``prepare``; ``args``/``kwargs`` the model inputs, or ``args`` a path to a
+    - ``ep``/``onx``: see ``prepare``; or ``ep`` a ``torch.nn.Module`` and ``onx=None``: it is exported
+      here (``export_module``, default options; a failure raises ``ExportError`` naming the stage).
+      ``args``/``kwargs`` the model inputs, or ``args`` a path to a
       ``torch.save``d inputs file (read with ``weights_only=True``).
     - ``reset_names``: FX node names or ONNX value names whose torch value replaces the ONNX one for
       every downstream ONNX node ("if this value were right, would the rest be?").
@@ -207,6 +233,7 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
     - ``keep_sessions=False``: drop each compiled segment once done (see ``Prepared.run``): less
       memory, and reruns compile again.
     """
+    ep, onx = from_model(ep, onx, args, kwargs)
     prepared = prepare(ep, onx)
     return prepared.run(args, kwargs, runtime=runtime, atol=atol, rtol=rtol, reset_names=reset_names,
                         node_local=node_local, exc=exc, progress=progress, time_limit=time_limit, **options)

@@ -103,6 +103,7 @@ class SbsWidget(anywidget.AnyWidget):
         self._sent: dict[int, int] = {}  # run id -> rows already pushed to the views
         self._report_lock = threading.Lock()
         self._view_drawn = False  # a view has reported the rows on its screen (view_rows)
+        self._to_export: dict | None = None  # from_module: the model and options, until exported
         self.on_msg(self._on_msg)
         if autostart and ep is not None:
             self.rerun()
@@ -119,6 +120,48 @@ class SbsWidget(anywidget.AnyWidget):
         w.run_id = run.id
         w._publish(run, final=True)
         return w
+
+    @classmethod
+    def from_module(cls, model, args=(), kwargs=None, *, dynamic_shapes=None, optimize: bool = True,
+                    strict: bool = False, opset_version: int | None = None, **options) -> "SbsWidget":
+        """A view of ``model`` on ``args``/``kwargs``: exported by the first run (``torch.export.export``,
+        then ``torch.onnx.export`` with ``dynamo=True`` and ``optimize``; the progress line says which
+        stage runs), then compared. Both programs are kept (``w.exported``: the ``ONNXProgram`` and the
+        user's ExportedProgram), so no decomposition is repeated. An export that fails ends the run with
+        status "error" and a message naming the stage (``w.wait()`` raises it). ``options``: as for
+        ``SbsWidget`` (``atol``, ``rtol``, ``title``, ``time_limit``...)."""
+        autostart = options.pop("autostart", True)
+        w = cls(None, None, args, kwargs=kwargs, autostart=False, **options)
+        w._to_export = dict(model=model, dynamic_shapes=dynamic_shapes, optimize=optimize, strict=strict,
+                            opset_version=opset_version)
+        w._ep = w._to_export  # (not None: the widget can run)
+        if autostart:
+            w.rerun()
+        return w
+
+    @property
+    def exported(self):
+        """What ``from_module`` exported (``Exported``: ``onnx_program``, ``user_ep``), else None."""
+        from sbs_widget.load.export import Exported
+
+        return self._ep if isinstance(self._ep, Exported) else None
+
+    def _export(self) -> None:
+        """Export the model given to ``from_module`` (once), showing each stage in the progress line."""
+        from sbs_widget.load.export import export_module
+        from sbs_widget.load.readers import load_inputs
+
+        spec = self._to_export
+        args, kwargs = load_inputs(self._args, self._kwargs)
+
+        def report(stage: int, text: str) -> None:
+            self.progress = {"run": self.run_id, "current": f"exporting ({stage + 1}/2): {text}", "n_rows": 0}
+
+        self._ep = export_module(spec["model"], args, kwargs, dynamic_shapes=spec["dynamic_shapes"],
+                                 optimize=spec["optimize"], strict=spec["strict"],
+                                 opset_version=spec["opset_version"], report=report)
+        self._onx = None
+        self._to_export = None
 
     # --- static fallback -----------------------------------------------------------------------
 
@@ -254,6 +297,8 @@ class SbsWidget(anywidget.AnyWidget):
         with self._prepare_lock:
             from sbs_widget.engine.entry import prepare
 
+            if self._to_export is not None:
+                self._export()
             prepared = prepare(self._ep, self._onx)  # cached by content: an edited model is prepared again
             if prepared is not self._prepared:
                 self._prepared = prepared
