@@ -287,9 +287,19 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
             self.cancel.check("before the last FX nodes and the outputs")
             yield from self._advance_fx(len(p.fx_nodes))
             yield from self._output_records()
+            yield from self._unrecorded_records()
             return_freed_memory()
         finally:
             self.cancel.finish()
+
+    def _unrecorded_records(self) -> Iterator[Record]:
+        """One one-sided record per node of the user's program no other record names, with why (a
+        no-op the decomposition removed, folded from constants, no output depends on it)."""
+        for node in self.p.unrecorded:
+            rec = Record(ep_name=node.name, ep_target=node.target, ep_origin=node.name, module=node.module,
+                         status=R.ONE_SIDED, kind=R.KIND_NODE, comment=f"not in the program the exporter "
+                                                                      f"translated: {node.reason}")
+            yield rec
 
     def _input_records(self) -> Iterator[Record]:
         for fx_name, onnx_name in self.p.alignment.input_pairs:

@@ -162,6 +162,19 @@ class Prepared:
         """FX nodes no output depends on (they have no ONNX node: said in their records)."""
         return dead_nodes(self.decomposed_ep.graph)
 
+    @functools.cached_property
+    def unrecorded(self) -> list:
+        """The value-producing nodes of the user's program no record of a run names, each with why
+        (``align/user_program.py``): a run ends with a one-sided record for each."""
+        from sbs_widget.align.user_program import unrecorded_nodes
+
+        recorded = {n.name for n in self.fx_nodes if n.op == "placeholder"} | set(self.alignment.pairs) | \
+            set(self.alignment.alias_of)
+        recorded |= {name for name, what in zip(self.fx_names, self.fx_after) if what == FX_ONE_SIDED}
+        recorded |= {info.origin for info in self.alignment.fx_nodes if info.origin is not None and
+                     (info.name in recorded)}
+        return unrecorded_nodes(self, recorded)
+
     def weights(self) -> Weights:
         """The ONNX file's initializers as numpy arrays, shared by every segment."""
         if self._weights is None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.align.user_program import value_holder
 from sbs_widget.engine.fx_runner import dead_nodes
 from sbs_widget.records import Record
 from sbs_widget.views.safe_text import clipped, visible
@@ -25,6 +26,7 @@ class Summary:
     covered: int = 0
     coverable: int = 0
     uncovered: list = field(default_factory=list)
+    explained: int = 0                     # uncovered, with a record saying why (one-sided, its reason)
     folded: int = 0                        # uncovered because constant-folded: absent from the ONNX graph
     fused: int = 0                         # uncovered because fused into a rewritten node: absent too
                                            # (taken in whole, or its end: ``Alignment.absorbed``; or empty)
@@ -47,10 +49,13 @@ class Summary:
         out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
         if self.coverage is not None:
+            unaccounted = self.coverable - self.covered - self.explained
             out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
-                       f"call_function nodes ({self.covered}); {self.folded} more were constant-folded and "
-                       f"{self.fused} fused into other nodes or dropped (empty) by the ONNX optimizer (no ONNX "
-                       "value to compare)")
+                       f"call_function nodes compared ({self.covered}); {self.explained} explained without a "
+                       f"comparison ({self.folded} constant-folded, {self.fused} fused into other nodes or dropped "
+                       "(empty) by the ONNX optimizer, the others no-ops or values the exporter's decomposition "
+                       "removed: see their one-sided records)"
+                       + (f"; {unaccounted} unaccounted" if unaccounted else ""))
         if self.worst is not None:
             w = self.worst
             out.append(f"worst pair: {_n(w.ep_name)} / {_n(w.onnx_name)} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
@@ -128,6 +133,8 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         # (an empty value, a no-op on an input: nothing to compare)
         fused_fx = al.fused_into.keys() | al.absorbed.keys() | al.empty | al.of_input.keys()
         holder = value_holder(prepared)
+        named = {r.ep_name for r in records} | {r.ep_origin for r in records}
+        s.explained = sum(1 for n in s.uncovered if n in named or holder(n) in named)
         for n in s.uncovered:
             held_by = holder(n)
             if n in folded_fx or held_by in folded_fx:
@@ -148,30 +155,3 @@ def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
     names = coverable_nodes(prepared.user_ep if prepared.user_ep is not None else prepared.decomposed_ep)
     hit = [n for n in names if holder(n) in compared]
     return len(hit), len(names), [n for n in names if holder(n) not in compared]
-
-
-def value_holder(prepared):
-    """Function: user program node -> the decomposed node (or placeholder) holding its value; the
-    identity when the user handed over the decomposed program."""
-    if prepared.user_ep is None:
-        return lambda name: name
-    representative: dict[str, str] = {}
-    for info in prepared.alignment.fx_nodes:
-        if info.op == "call_function" and info.is_tensor and info.origin is not None:
-            representative[info.origin] = info.name  # the last one wins: it holds the value
-    user_nodes = {n.name: n for n in prepared.user_ep.graph.nodes}
-    placeholders = {n.name for n in prepared.user_ep.graph.nodes if n.op == "placeholder"}
-
-    def holder(name: str, depth: int = 0) -> str | None:
-        """Decomposition drops no-op nodes (``to`` the same dtype, ``alias``...): their value is
-        their input's."""
-        if name in representative or depth > 50:
-            return representative.get(name)
-        if name in placeholders:
-            return name
-        node = user_nodes.get(name)
-        if node is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
-            return None
-        return holder(node.args[0].name, depth + 1)
-
-    return holder

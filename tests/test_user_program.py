@@ -1,0 +1,69 @@
+"""Every value-producing node of the user's program appears in a run's records: compared (under its
+own name, or the decomposed node that holds its value, ``ep_origin``), or one-sided with the reason
+(no-op the decomposition removed, folded from constants, no output depends on it). Real exports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sbs_widget
+from sbs_widget.align.user_program import value_producing
+from sbs_widget.samples import zoo
+from sbs_widget.views.summary import summarize
+
+
+class Padded(torch.nn.Module):
+    """A no-op ``to``, a contiguous, values computed from constants only, and a branch no output
+    reads: the nodes decomposition drops."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x.to(torch.float32)).contiguous()
+        positions = torch.arange(8).unsqueeze(0).to(torch.float32)  # from constants only
+        unused = torch.arange(3).unsqueeze(0) * 2  # noqa: F841  (no output depends on it)
+        return y + positions
+
+
+def _named(records) -> set:
+    return {r.ep_name for r in records} | {r.ep_origin for r in records}
+
+
+def _account(model, args):
+    exported = sbs_widget.export_module(model, args)
+    records = list(sbs_widget.run_aligned(exported, None, args))
+    nodes = [n for n in exported.user_ep.graph.nodes if value_producing(n)]
+    return exported, records, nodes
+
+
+def test_every_node_of_a_small_program_is_compared_or_explained():
+    exported, records, nodes = _account(Padded(), (torch.randn(2, 8),))
+    assert nodes and not [n.name for n in nodes if n.name not in _named(records)]
+    own = {r.ep_name: r for r in records if (r.comment or "").startswith("not in the program the exporter")}
+    assert own and all(r.status == "one-sided" for r in own.values())
+    reasons = " | ".join(r.comment for r in own.values())
+    assert "no output depends on it" in reasons
+    to = [n.name for n in nodes if "to." in str(n.target) and n.name in own]
+    assert to and all("no-op" in own[name].comment for name in to)
+    p = sbs_widget.prepare(exported)
+    lines = summarize(records, p).lines()
+    assert not [line for line in lines if "unaccounted" in line]
+    # the program the exporter translated, handed over as such: every node has its own record
+    decomposed = list(sbs_widget.run_aligned(exported.onnx_program, None, (torch.randn(2, 8),)))
+    program = exported.onnx_program.exported_program
+    assert not [n.name for n in program.graph.nodes if value_producing(n) and n.name not in _named(decomposed)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_every_node_of_a_transformer_is_compared_or_explained(name):
+    kw = dict(layers=2, hidden=64, seq=16, batch=2) if name == "llama" else {}
+    model, args, kwargs = zoo.BUILDERS[name](**kw)
+    exported = sbs_widget.export_module(model, args, kwargs)
+    records = list(sbs_widget.run_aligned(exported, None, args, kwargs))
+    nodes = [n.name for n in exported.user_ep.graph.nodes if value_producing(n)]
+    assert not [n for n in nodes if n not in _named(records)]
+    assert not [r for r in records if r.status == "one-sided" and not r.comment]
