@@ -1,4 +1,6 @@
 // The progress line: nodes done on each side, time, current node, counts by status, worst error.
+// The bar says how the run ended: full and green when done (whatever the counts last sent while it
+// ran), red and as far as it got when stopped or failed; the end shows at once, with no transition.
 
 import { h, clear } from "./dom.js";
 import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
@@ -8,7 +10,8 @@ import { STATUSES } from "./rules.js";
 export function createProgress({ onWorst }) {
   const badge = h("span", { class: "sbs-badge", "data-status": "idle", text: "idle" });
   const fill = h("div");
-  const meter = h("div", { class: "sbs-meter", title: "FX nodes done" }, fill);
+  const meter = h("div", { class: "sbs-meter", title: "FX nodes done", role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100", "data-state": "idle" }, fill);
+  const state = h("span", { class: "sbs-progress-state", "data-state": "idle" });
   const text = h("span", { class: "sbs-num" });
   const current = h("span", { class: "sbs-current sbs-mono sbs-muted" });
   const counts = h("span", { class: "sbs-bar" });
@@ -17,7 +20,8 @@ export function createProgress({ onWorst }) {
   const message = h("div", { class: "sbs-message", hidden: true });
   return {
     badge,
-    main: [badge, meter, text, current],
+    meter,
+    main: [badge, meter, state, text, current],
     counts: [counts, worst],
     message,
     update(status, p, error) {
@@ -25,7 +29,15 @@ export function createProgress({ onWorst }) {
       badge.textContent = status;
       const fxTotal = p.fx_total || 0;
       const fxDone = Math.min(p.fx_done || 0, fxTotal || Infinity);
-      fill.style.width = fxTotal ? `${(100 * fxDone) / fxTotal}%` : status === "done" ? "100%" : "0";
+      const end = meterState(status);
+      const pct = end === "done" ? 100 : fxTotal ? (100 * fxDone) / fxTotal : 0;
+      const label = `${Math.floor(pct)}%`;
+      meter.dataset.state = end;
+      meter.setAttribute("aria-valuenow", String(Math.round(pct)));
+      state.dataset.state = end;
+      state.textContent = { done: label, stopped: `stopped at ${label}`, error: `failed at ${label}`, running: label }[end] || "";
+      meter.setAttribute("aria-valuetext", state.textContent || status);
+      fill.style.width = `${pct}%`;
       const parts = [];
       if (fxTotal) parts.push(`FX ${fmtInt(fxDone)}/${fmtInt(fxTotal)}`);
       if (p.onnx_total) parts.push(`ONNX ${fmtInt(p.onnx_done || 0)}/${fmtInt(p.onnx_total)}`);
@@ -47,4 +59,10 @@ export function createProgress({ onWorst }) {
       message.textContent = visible(error || "", true);
     },
   };
+}
+
+/** The bar's state for a widget status: idle, running (preparing too), done, stopped or error. */
+export function meterState(status) {
+  if (status === "done" || status === "stopped" || status === "error") return status;
+  return status === "running" || status === "preparing" ? "running" : "idle";
 }

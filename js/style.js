@@ -1,19 +1,13 @@
-// The view's CSS, injected into each view (it must work in JupyterLab, Notebook 7 and the offline
-// report page alike). Colors come from JupyterLab's variables so dark themes just work.
+// The view's CSS, injected into each view (it must work in JupyterLab, Notebook 7, VS Code, Colab and
+// the offline report page alike). Colours come from the host page's variables (js/theme.js).
+import { themeCSS } from "./theme.js";
 
 export const ROW_HEIGHT = 22;
 export const VIEW_HEIGHT = 396; // 18 rows
 
 export const CSS = `
+${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-root {
-  --sbs-fg: var(--jp-ui-font-color1, #1f2328);
-  --sbs-fg2: var(--jp-ui-font-color2, #59636e);
-  --sbs-bg: var(--jp-layout-color1, #ffffff);
-  --sbs-bg2: var(--jp-layout-color2, #f3f4f6);
-  --sbs-border: var(--jp-border-color2, #d8dee4);
-  --sbs-accent: var(--jp-brand-color1, #1f6feb);
-  --sbs-mono: var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);
-  --sbs-font: var(--jp-ui-font-family, system-ui, -apple-system, "Segoe UI", sans-serif);
   font: 12px/1.4 var(--sbs-font); color: var(--sbs-fg); background: var(--sbs-bg);
   border: 1px solid var(--sbs-border); border-radius: 4px; padding: 6px; box-sizing: border-box;
   display: flex; flex-direction: column; gap: 6px; min-width: 0;
@@ -30,7 +24,7 @@ export const CSS = `
 }
 .sbs-root button:hover:not(:disabled) { border-color: var(--sbs-accent); }
 .sbs-root button:disabled { opacity: 0.45; cursor: default; }
-.sbs-root button.sbs-primary { background: var(--sbs-accent); color: #fff; border-color: var(--sbs-accent); }
+.sbs-root button.sbs-primary { background: var(--sbs-accent); color: var(--sbs-d-on-accent); border-color: var(--sbs-accent); }
 .sbs-root input[type=text], .sbs-root input[type=number], .sbs-root select {
   font: inherit; color: var(--sbs-fg); background: var(--sbs-bg); border: 1px solid var(--sbs-border);
   border-radius: 3px; height: 22px; padding: 0 4px;
@@ -41,22 +35,27 @@ export const CSS = `
 .sbs-badge { display: inline-block; padding: 0 6px; border-radius: 9px; font-size: 11px; line-height: 18px;
   background: var(--sbs-bg2); border: 1px solid var(--sbs-border); white-space: nowrap; }
 .sbs-badge[data-status=running], .sbs-badge[data-status=preparing] { border-color: var(--sbs-accent); color: var(--sbs-accent); }
-.sbs-badge[data-status=done] { border-color: hsl(140, 45%, 40%); color: hsl(140, 45%, 40%); }
-.sbs-badge[data-status=error], .sbs-badge[data-status=stopped] { border-color: hsl(0, 70%, 50%); color: hsl(0, 70%, 50%); }
+.sbs-badge[data-status=done] { border-color: var(--sbs-ok); color: var(--sbs-ok); }
+.sbs-badge[data-status=error], .sbs-badge[data-status=stopped] { border-color: var(--sbs-bad); color: var(--sbs-bad); }
 .sbs-meter { width: 96px; height: 6px; border-radius: 3px; background: var(--sbs-bg2); overflow: hidden;
-  border: 1px solid var(--sbs-border); }
+  border: 1px solid var(--sbs-border); flex: none; }
 .sbs-meter > div { height: 100%; background: var(--sbs-accent); width: 0; transition: width 120ms linear; }
+/* an ended run shows its end at once: a bar caught in its transition looks stopped short */
+.sbs-meter[data-state=done] > div { background: var(--sbs-ok); transition: none; }
+.sbs-meter[data-state=stopped] > div, .sbs-meter[data-state=error] > div { background: var(--sbs-bad); transition: none; }
+.sbs-progress-state { font-weight: 600; }
+.sbs-progress-state[data-state=done] { color: var(--sbs-ok); }
+.sbs-progress-state[data-state=stopped], .sbs-progress-state[data-state=error] { color: var(--sbs-bad); }
 .sbs-chip { display: inline-flex; align-items: center; gap: 3px; padding: 0 6px; border-radius: 3px;
   background: var(--sbs-bg2); font-family: var(--sbs-mono); font-size: 11px; line-height: 18px; }
-.sbs-chip[data-status=mismatch], .sbs-chip[data-status=error] { color: hsl(0, 70%, 50%); }
-/* noise: beyond tolerance by rounding alone; a blue off the green-red error scale (contrast about 4:1
-   on both the light and the dark theme's background) */
-.sbs-chip[data-status=noise] { color: hsl(207, 70%, 46%); }
-.sbs-badge[data-status=noise] { border-color: hsl(207, 70%, 46%); color: hsl(207, 70%, 46%); }
-.sbs-badge[data-status=mismatch] { border-color: hsl(0, 70%, 50%); color: hsl(0, 70%, 50%); }
+.sbs-chip[data-status=mismatch], .sbs-chip[data-status=error] { color: var(--sbs-bad); }
+/* noise: beyond tolerance by rounding alone; a blue off the green-red error scale */
+.sbs-chip[data-status=noise] { color: var(--sbs-noise); }
+.sbs-badge[data-status=noise] { border-color: var(--sbs-noise); color: var(--sbs-noise); }
+.sbs-badge[data-status=mismatch] { border-color: var(--sbs-bad); color: var(--sbs-bad); }
 .sbs-chip button { height: 16px; padding: 0 3px; border: none; background: none; line-height: 1; }
 .sbs-current { max-width: 320px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.sbs-message { color: hsl(0, 70%, 50%); font-family: var(--sbs-mono); white-space: pre-wrap; }
+.sbs-message { color: var(--sbs-bad); font-family: var(--sbs-mono); white-space: pre-wrap; }
 .sbs-compare { background: var(--sbs-bg2); border-radius: 3px; padding: 4px 8px; }
 .sbs-compare details { display: inline-block; margin-left: 8px; }
 .sbs-compare ul { margin: 2px 0 0; padding-left: 18px; max-height: 120px; overflow: auto; font-family: var(--sbs-mono); }
@@ -73,7 +72,12 @@ export const CSS = `
 .sbs-row { position: absolute; left: 0; right: 0; height: ${ROW_HEIGHT}px; cursor: pointer;
   border-bottom: 1px solid color-mix(in srgb, var(--sbs-border) 50%, transparent); }
 .sbs-row:hover { outline: 1px solid var(--sbs-border); outline-offset: -1px; }
-.sbs-row.sbs-selected { outline: 2px solid var(--sbs-accent); outline-offset: -2px; }
+/* the row's tint is its background-color (table.js); a dark theme veils it, a selected row adds the accent */
+.sbs-row { background-image: linear-gradient(var(--sbs-veil), var(--sbs-veil)); }
+.sbs-row.sbs-selected { box-shadow: inset 4px 0 0 var(--sbs-accent);
+  background-image: linear-gradient(var(--sbs-sel), var(--sbs-sel)), linear-gradient(var(--sbs-veil), var(--sbs-veil));
+  --sbs-sel: color-mix(in srgb, var(--sbs-accent) 22%, transparent); }
+.sbs-row.sbs-focus { outline: 2px solid var(--sbs-accent); outline-offset: -2px; }
 .sbs-row > div { padding: 0 5px; line-height: ${ROW_HEIGHT}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .sbs-row > div.sbs-num, .sbs-head > div.sbs-num { text-align: right; }
 .sbs-row input { margin: 0; vertical-align: middle; }
@@ -87,8 +91,8 @@ export const CSS = `
 .sbs-kv > div:nth-child(odd) { color: var(--sbs-fg2); }
 .sbs-kv > div:nth-child(even) { font-family: var(--sbs-mono); overflow-wrap: anywhere; }
 .sbs-verdict { margin-top: 2px; }
-.sbs-verdict[data-noise=true] { color: hsl(207, 70%, 46%); }
-.sbs-verdict[data-noise=false] { color: hsl(0, 70%, 50%); }
+.sbs-verdict[data-noise=true] { color: var(--sbs-noise); }
+.sbs-verdict[data-noise=false] { color: var(--sbs-bad); }
 .sbs-trace { font-family: var(--sbs-mono); white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11px; }
 .sbs-hist { display: flex; align-items: flex-end; gap: 2px; height: 54px; margin-top: 4px; }
 .sbs-hist > div { flex: 1; display: flex; flex-direction: column; justify-content: flex-end; align-items: center; height: 100%; }

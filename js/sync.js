@@ -44,6 +44,8 @@ export function createRowSync(model, onRows) {
 
   return {
     rows: (id) => (runs.get(id) || { rows: [] }).rows,
+    /** How many rows run `id` has, as the model says. */
+    expected,
     request,
     dispose: () => model.off("msg:custom", onMessage),
   };

@@ -30,7 +30,7 @@ function cellText(col, row) {
   return visible(v); // names come from models: bidi controls and NULs shown as escapes
 }
 
-/** opts: {onSort(key), onSelect(k), onToggle(k), isTicked(row), colorOf(row), canTick} */
+/** opts: {onSort(key), onSelect(k, how: "one" | "toggle" | "extend"), onToggle(k), isTicked(row), colorOf(row), canTick} */
 export function createTable(opts) {
   const head = h("div", { class: "sbs-head sbs-grid", role: "row" });
   const body = h("div", { class: "sbs-body", role: "rowgroup" });
@@ -42,7 +42,8 @@ export function createTable(opts) {
 
   let rows = [];
   let index = new Uint32Array(0);
-  let selected = -1; // position in rows (record i), not in index
+  let selected = new Set(); // positions in rows (record i), not in index
+  let focus = -1; // the row the detail shows (the last one clicked)
   let sort = { key: null, dir: 1 };
   const pool = [];
 
@@ -68,8 +69,11 @@ export function createTable(opts) {
     rowEl.style.transform = `translateY(${pos * ROW_HEIGHT}px)`;
     rowEl.style.display = "";
     rowEl.dataset.k = String(k);
-    rowEl.style.background = opts.colorOf(row);
-    rowEl.classList.toggle("sbs-selected", k === selected);
+    rowEl.style.backgroundColor = opts.colorOf(row); // its tint; the stylesheet may veil it (dark themes)
+    const on = selected.has(k);
+    rowEl.classList.toggle("sbs-selected", on);
+    rowEl.classList.toggle("sbs-focus", k === focus);
+    rowEl.setAttribute("aria-selected", on ? "true" : "false");
     for (let c = 1; c < COLUMNS.length; c++) {
       const text = cellText(COLUMNS[c], row);
       const cell = rowEl._cells[c];
@@ -113,14 +117,16 @@ export function createTable(opts) {
     if (!rowEl) return;
     const k = Number(rowEl.dataset.k);
     if (ev.target === rowEl._tick) opts.onToggle(k);
-    else opts.onSelect(k);
+    else opts.onSelect(k, ev.shiftKey ? "extend" : ev.ctrlKey || ev.metaKey ? "toggle" : "one");
   });
+  // shift-click extends the selection of rows, not the page's text selection
+  body.addEventListener("mousedown", (ev) => { if (ev.shiftKey && ev.target.closest(".sbs-row")) ev.preventDefault(); });
   scroll.addEventListener("keydown", (ev) => {
     if (ev.key !== "ArrowDown" && ev.key !== "ArrowUp") return;
     ev.preventDefault();
-    const pos = index.indexOf(selected);
+    const pos = index.indexOf(focus);
     const next = Math.max(0, Math.min(index.length - 1, pos + (ev.key === "ArrowDown" ? 1 : -1)));
-    if (index.length) opts.onSelect(index[next]);
+    if (index.length) opts.onSelect(index[next], ev.shiftKey ? "extend" : "one");
   });
 
   return {
@@ -137,9 +143,11 @@ export function createTable(opts) {
       for (const p of parts) foot.append(h("span", { text: p }));
     },
     repaint: render,
-    select(k, reveal = false) {
-      selected = k;
-      if (reveal) {
+    /** Selected rows (record positions) and the focused one; `reveal` scrolls the focus into view. */
+    setSelection(keys, k, reveal = false) {
+      selected = new Set(keys);
+      focus = k;
+      if (reveal && k >= 0) {
         const pos = index.indexOf(k);
         if (pos >= 0) {
           const y = pos * ROW_HEIGHT;

@@ -1,6 +1,8 @@
 // The whole view of one SbsWidget: toolbar + progress, filters, the table and its detail, the reset
 // panel, the graphs area. One instance per displayed output; all durable state is in the model and
-// the rows come through js/sync.js.
+// the rows come through js/sync.js. The view tells the kernel what it shows: `view_rows` (the rows on
+// screen after filters and sort, all of them, in screen order) and `selected_rows` (in selection
+// order), both positions in the current run's records, sent at most every PUBLISH_MS.
 
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
@@ -15,6 +17,36 @@ import { renderCompare } from "./compare.js";
 import { createResetPanel } from "./reset.js";
 import { createCulpritsPanel } from "./culprits.js";
 import { toCSV } from "./csv.js";
+import { detectHost } from "./theme.js";
+
+export const PUBLISH_MS = 150; // view_rows / selected_rows: one update per this long at most
+const PUBLISH_RUNNING_MS = 500; // while rows stream in
+
+/** Same integers in the same order. */
+export function sameInts(a, b) {
+  if (!a || !b || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** The selection after a click on record `k` (how: "one", "toggle" with ctrl/cmd, "extend" with
+ *  shift: the rows from the anchor to `k` in screen order `index`). Returns {selection, anchor}. */
+export function nextSelection(selection, anchor, k, how, index) {
+  if (how === "toggle") {
+    return selection.includes(k) ? { selection: selection.filter((x) => x !== k), anchor: k } : { selection: [...selection, k], anchor: k };
+  }
+  if (how === "extend" && anchor >= 0) {
+    const from = index.indexOf(anchor);
+    const to = index.indexOf(k);
+    if (from >= 0 && to >= 0) {
+      const step = to >= from ? 1 : -1;
+      const out = [];
+      for (let p = from; p !== to + step; p += step) out.push(index[p]);
+      return { selection: out, anchor };
+    }
+  }
+  return { selection: [k], anchor: k };
+}
 
 
 export function createView({ model, el, mountGraphs, prewarmGraphs }) {
@@ -27,7 +59,12 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "" };
   let sort = { key: null, dir: 1 };
   let index = new Uint32Array(0);
-  let selected = -1;
+  // selected rows (record positions, in selection order), the one the detail shows, the shift anchor;
+  // a reloaded view takes the selection back from the model
+  let selection = shown === model.get("run_id") ? [...(model.get("selected_rows") || [])] : [];
+  let focus = selection.length ? selection[selection.length - 1] : -1;
+  let anchor = focus;
+  let detailFor = null; // the row object the detail shows
   let firstRowMs = null;
   const sorter = new SortCache();
   const rowListeners = new Set();
@@ -74,7 +111,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       sort = sort.key === key ? { key, dir: -sort.dir } : { key, dir: isNumeric(key) && key !== "i" ? -1 : 1 }; // errors: worst first
       refresh();
     },
-    onSelect: (k) => select(k, false),
+    onSelect: (k, how) => select(k, false, how),
     onToggle: (k) => toggleReset(rowsShown()[k]),
     isTicked: (row) => model.get("reset_names").includes(nameOf(row)),
     colorOf: colorOfRow,
@@ -94,7 +131,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
-  const root = h("div", { class: "sbs-root" },
+  const root = h("div", { class: "sbs-root", "data-host": detectHost(el.ownerDocument) || null },
     h("style", { text: CSS }),
     h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [stopBtn, rerunBtn] : null),
     h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
@@ -138,20 +175,66 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       `${fmtInt(index.length)} of ${fmtInt(rows.length)} rows`,
       `filter ${root.dataset.filterMs} ms · sort ${root.dataset.sortMs} ms`,
     ]);
+    if (focus >= 0 && detailFor !== (rows[focus] || null)) showDetail(); // its row arrived
     for (const cb of rowListeners) cb();
+    schedulePublish();
   }
   let frame = 0;
   function scheduleRefresh() {
     if (!frame) frame = requestAnimationFrame(() => { frame = 0; refresh(); });
   }
 
-  function select(k, reveal) {
-    selected = k;
-    table.select(k, reveal);
-    const row = rowsShown()[k];
+  function select(k, reveal, how = "one") {
+    ({ selection, anchor } = nextSelection(selection, anchor, k, how, index));
+    focus = selection.includes(k) ? k : selection.length ? selection[selection.length - 1] : -1;
+    table.setSelection(selection, focus, reveal);
+    showDetail();
+    if (focus >= 0) for (const cb of selectListeners) cb(focus);
+    schedulePublish();
+  }
+
+  function showDetail() {
+    const row = focus >= 0 ? rowsShown()[focus] : undefined;
+    detailFor = row || null;
     const tol = tolerances();
     renderDetail(detail, row, { atol: tol.atol, rtol: tol.rtol, within: row ? isWithin(row, tol.atol, tol.rtol, tol.runAtol, tol.runRtol) : null });
-    for (const cb of selectListeners) cb(k);
+  }
+
+  // --- what the kernel reads back (w.selected, w.filtered_dataframe()) ---------------------------
+  let published = { view: model.get("view_rows") || [], selection: model.get("selected_rows") || [] };
+  let publishTimer = 0;
+  function schedulePublish() {
+    if (!publishTimer) publishTimer = setTimeout(publish, running() ? PUBLISH_RUNNING_MS : PUBLISH_MS);
+  }
+  function publish() {
+    publishTimer = 0;
+    if (shown !== model.get("run_id")) return; // positions are in the current run's records
+    if (rowsShown().length < sync.expected(shown)) return; // rows still on their way: the next refresh sends
+    const view = Array.from(index);
+    let changed = false;
+    if (!sameInts(view, published.view)) {
+      published = { ...published, view };
+      model.set("view_rows", view);
+      changed = true;
+    }
+    if (!sameInts(selection, published.selection)) {
+      published = { ...published, selection: [...selection] };
+      model.set("selected_rows", [...selection]);
+      changed = true;
+    }
+    if (changed) model.save_changes();
+  }
+  // another view of the same widget, or Python (w.selected_rows = [...]), changed the selection
+  function adoptSelection() {
+    const sel = model.get("selected_rows") || [];
+    if (sameInts(sel, selection) || shown !== model.get("run_id")) return;
+    published = { ...published, selection: [...sel] };
+    selection = [...sel];
+    focus = selection.length ? selection[selection.length - 1] : -1;
+    anchor = focus;
+    table.setSelection(selection, focus, false);
+    showDetail();
+    if (focus >= 0) for (const cb of selectListeners) cb(focus);
   }
 
   function toggleReset(row) {
@@ -184,13 +267,16 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     rtolIn.value = String(model.get("rtol"));
     if (filter.beyond) refresh();
     else { table.repaint(); for (const cb of rowListeners) cb(); }
-    if (selected >= 0) select(selected, false);
+    if (focus >= 0) showDetail();
   }
 
   runSel.addEventListener("change", () => showRun(Number(runSel.value)));
   function showRun(id) {
     shown = id;
-    selected = -1;
+    selection = [];
+    focus = anchor = -1;
+    table.setSelection(selection, focus, false);
+    detailFor = null;
     renderDetail(detail, null, {});
     request(id);
     refresh();
@@ -251,6 +337,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
   on("change:culprits", () => culprits.update(model.get("culprits")));
+  on("change:selected_rows", adoptSelection);
   on("change:title", () => { title.textContent = visible(model.get("title") || "sbs_widget"); });
 
   // --- graphs (issue 5), mounted when first opened: layout costs time, most sessions never open it
@@ -280,7 +367,8 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   title.textContent = visible(model.get("title") || "sbs_widget");
   atolIn.value = String(model.get("atol"));
   rtolIn.value = String(model.get("rtol"));
-  renderDetail(detail, null, {});
+  table.setSelection(selection, focus, false);
+  showDetail();
   updateRuns();
   renderCompare(compareEl, model.get("compare"), meta());
   culprits.update(model.get("culprits"));
@@ -290,6 +378,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
 
   return () => {
     if (frame) cancelAnimationFrame(frame);
+    if (publishTimer) { clearTimeout(publishTimer); publish(); } // a click just before the view closed still counts
     table.destroy();
     for (const d of disposers) d();
     root.remove();

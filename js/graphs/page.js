@@ -4,16 +4,17 @@ import { colorFor, fromJson } from "../rules.js";
 import { visible } from "../format.js";
 import { mountGraphs } from "./index.js";
 import { prewarmLayout } from "./layout.js";
+import { themeCSS } from "../theme.js";
 
-const TABLE_CSS = `
-body { margin: 12px; font: 13px system-ui, sans-serif; }
+const TABLE_CSS = `${themeCSS([".sbs-page"])}
+body.sbs-page { margin: 12px; font: 13px var(--sbs-font); color: var(--sbs-fg); background: var(--sbs-bg); }
 h1 { font-size: 16px; margin: 0 0 6px; }
-.sbsp-table { max-height: 260px; overflow: auto; border: 1px solid #ccc; margin-top: 8px; }
+.sbsp-table { max-height: 260px; overflow: auto; border: 1px solid var(--sbs-border); margin-top: 8px; }
 .sbsp-table table { border-collapse: collapse; width: 100%; table-layout: fixed; font: 12px ui-monospace, monospace; }
-.sbsp-table th { position: sticky; top: 0; background: #f4f4f4; text-align: left; }
-.sbsp-table td, .sbsp-table th { padding: 1px 6px; border-bottom: 1px solid #eee; white-space: nowrap;
+.sbsp-table th { position: sticky; top: 0; background: var(--sbs-bg2); text-align: left; }
+.sbsp-table td, .sbsp-table th { padding: 1px 6px; border-bottom: 1px solid var(--sbs-border); white-space: nowrap;
   overflow: hidden; text-overflow: ellipsis; }
-.sbsp-table tr.sbsp-selected td { outline: 2px solid #0050ff; outline-offset: -2px; }
+.sbsp-table tr.sbsp-selected td { outline: 2px solid var(--sbs-accent); outline-offset: -2px; }
 .sbsp-table tbody tr { cursor: pointer; }
 `;
 
@@ -29,6 +30,7 @@ function main() {
   const graphs = document.createElement("div");
   const tableBox = document.createElement("div");
   tableBox.className = "sbsp-table";
+  document.body.classList.add("sbs-page"); // the page's colours: js/theme.js (light or dark, as the browser)
   document.body.append(h1, graphs, tableBox);
 
   // numbers as the kernel sends them: NaN and infinities arrive as strings (shared_rules.NON_FINITE)

@@ -2,6 +2,7 @@
 // Pan and zoom move one CSS transform on a wrapper, so a 3,000-node SVG is moved by the compositor
 // instead of being re-laid out by the browser on every wheel tick.
 import { NOT_COMPARED } from "../rules.js";
+import { brightFill } from "../theme.js";
 
 const SHAPES = "polygon, path, ellipse";
 
@@ -90,7 +91,12 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
         const title = g.firstElementChild?.tagName === "title" ? g.firstElementChild : g.querySelector(":scope > title");
         const key = title?.textContent ?? "";
         title?.remove();
-        if (g.classList.contains("node")) (g.dataset.key = key), items.set(key, g);
+        if (g.classList.contains("node")) {
+          g.dataset.key = key;
+          items.set(key, g);
+          const shape = g.querySelector(SHAPES);
+          tone(g, shape?.getAttribute("fill"), shape?.getAttribute("fill-opacity"));
+        }
         else if (g.classList.contains("cluster")) {
           g.dataset.cluster = key.slice("cluster_".length);
           clusters.set(Number(g.dataset.cluster), g);
@@ -104,6 +110,7 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
         const p = paintOf(key);
         const shape = g.querySelector(SHAPES);
         if (shape) shape.setAttribute("fill", p ? p.fill : NOT_COMPARED);
+        tone(g, p ? p.fill : NOT_COMPARED, shape?.getAttribute("fill-opacity"));
         g.dataset.status = p?.status ?? "";
       }
       for (const [c, g] of clusters) {
@@ -174,6 +181,12 @@ export function createPane(root, { title, onNodeClick, onNodeHover, onClusterLab
       items = new Map();
     },
   };
+}
+
+/** data-tone="bright" on a box whose fill wants dark text in every theme (style.js). */
+function tone(g, fill, opacity) {
+  if (brightFill(fill, opacity === null || opacity === undefined ? 1 : Number(opacity))) g.dataset.tone = "bright";
+  else delete g.dataset.tone;
 }
 
 export function el(tag, cls, text) {
