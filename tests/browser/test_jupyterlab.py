@@ -331,3 +331,59 @@ def test_notebook7(lab, lab_page):
     page.wait_for_function(f"root => root.dataset.rows === '{n}'", arg=view.element_handle(), timeout=10_000)
     errors = [line for line in page.console_lines[before:] if line.startswith("pageerror")]
     assert not errors, errors
+
+
+READ_SELECTION = '''df = w.filtered_dataframe()
+print("STATE" + json.dumps({"status": w.status, "selected_rows": list(w.selected_rows),
+      "selected": [[r.ep_name or "", r.onnx_name or ""] for r in w.selected],
+      "filtered": [[a or "", b or ""] for a, b in zip(df["ep_name"], df["onnx_name"])],
+      "view_rows": list(w.view_rows), "n": len(w.records)}))
+'''
+
+
+def test_selection_and_screen_rows_reach_python(lab, lab_page):
+    """Click rows, sort and filter in the page; a later cell reads w.selected and w.filtered_dataframe()
+    (a running cell holds the kernel's comm messages: state is read in the next one). The run's bar ends
+    full with its state shown."""
+    page = lab_page
+    name = lab.write_notebook("selection.ipynb", [ALTERED_LLM, READ_SELECTION])
+    open_notebook(page, lab, name)
+    run_cell(page, 0)
+    page.wait_for_selector(ROOT, timeout=120_000)
+    view = page.locator(ROOT).first
+    page.wait_for_function("root => root.querySelector('.sbs-badge').textContent === 'done' && Number(root.dataset.rows) > 0",
+                           arg=view.element_handle(), timeout=120_000)
+
+    # the bar: full when done, its state on it, no transition left to run
+    bar = view.evaluate("""root => { const m = root.querySelector('.sbs-meter'), f = m.firstElementChild;
+        return {state: m.dataset.state, width: f.style.width, transition: getComputedStyle(f).transitionDuration,
+                ratio: f.getBoundingClientRect().width / m.clientWidth, label: root.querySelector('.sbs-progress-state').textContent,
+                badge: root.querySelector('.sbs-badge').textContent, text: m.parentElement.textContent}; }""")
+    assert bar["state"] == "done" and bar["width"] == "100%" and bar["badge"] == "done", bar
+    assert abs(bar["ratio"] - 1) < 0.01 and bar["transition"] == "0s" and bar["label"] == "100%", bar
+    fx = [int(x) for x in bar["text"].split("FX ")[1].split(" ")[0].split("/")]
+    assert fx[0] == fx[1] > 0, bar["text"]
+
+    # sort worst first, filter, select one row, ctrl-click another
+    view.locator(".sbs-head > div[data-key='err_abs']").click()
+    view.locator("input[aria-label='filter']").fill("linear")
+    rows = _visible_rows(view)
+    ep_col, onnx_col = _col(view, "ep_name"), _col(view, "onnx_name")
+    n_shown = int(view.get_attribute("data-shown"))
+    assert 2 <= n_shown == len(rows), (n_shown, len(rows))  # all of them painted: the page is the whole list
+    first, second = rows[0][0], rows[2][0]
+    view.locator(f".sbs-row[data-k='{first}']").click()
+    view.locator(f".sbs-row[data-k='{second}']").click(modifiers=["ControlOrMeta"])
+    assert view.locator(".sbs-row.sbs-selected").count() == 2
+    time.sleep(0.6)  # the view sends at most every 150 ms; then the comm message travels
+
+    state = _state(run_cell(page, 1))
+    assert state["status"] == "done"
+    assert state["selected_rows"] == [first, second]
+    by_k = {k: [c[ep_col], c[onnx_col]] for k, c in rows}
+    assert state["selected"] == [by_k[first], by_k[second]]
+    assert state["view_rows"] == [k for k, _ in rows]
+    assert state["filtered"] == [[c[ep_col], c[onnx_col]] for _, c in rows]
+    assert len(state["filtered"]) < state["n"]
+    errors = [line for line in page.console_lines if line.startswith("pageerror")]
+    assert not errors, errors
