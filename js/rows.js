@@ -43,7 +43,8 @@ export class RunRows {
 function searchText(row) {
   // cached on the row: built once, filtering 50,000 rows is then a loop of includes()
   if (row._search === undefined) {
-    row._search = [row.ep_name, row.onnx_name, row.onnx_node_name, row.onnx_op_type, row.ep_target, row.module]
+    // (ep_origin: the node of the user's program a decomposed value comes from, found by its own name)
+    row._search = [row.ep_name, row.ep_origin, row.onnx_name, row.onnx_node_name, row.onnx_op_type, row.ep_target, row.module]
       .filter(Boolean).join("\n").toLowerCase();
   }
   return row._search;

@@ -41,9 +41,10 @@ test("filterIndex: words, status, range, beyond tolerance", () => {
   const rows = [
     { ep_name: "linear_1", onnx_op_type: "MatMul", module: "decoder.mlp", err_abs: 1e-3, err_rel: 1e-3, status: "mismatch", within_tolerance: false },
     { ep_name: "add", onnx_op_type: "Add", module: "decoder", err_abs: 1e-7, err_rel: 1e-7, status: "ok", within_tolerance: true },
-    { ep_name: "x", onnx_op_type: null, module: "", err_abs: null, status: "one-sided" },
+    { ep_name: "x", onnx_op_type: null, module: "", err_abs: null, status: "one-sided", ep_origin: "reshape_3" },
   ];
   const tol = { atol: 1e-4, rtol: 1e-4, runAtol: 1e-4, runRtol: 1e-4 };
+  assert.deepEqual([...filterIndex(rows, { text: "reshape_3" }, tol)], [2]); // a user node's name finds its value
   assert.deepEqual([...filterIndex(rows, { text: "matmul MLP" }, tol)], [0]);
   assert.deepEqual([...filterIndex(rows, { text: "decoder" }, tol)], [0, 1]);
   assert.deepEqual([...filterIndex(rows, { status: "ok" }, tol)], [1]);
