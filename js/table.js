@@ -30,6 +30,11 @@ function cellText(col, row) {
   return visible(v); // names come from models: bidi controls and NULs shown as escapes
 }
 
+/** A value a reset can replace: one an ONNX node computes (not an input, weight or folded constant). */
+export function resettable(row) {
+  return Boolean(row.onnx_name && row.ep_name) && row.onnx_op_type !== "initializer" && row.onnx_op_type !== "input";
+}
+
 /** opts: {onSort(key), onSelect(k, how: "one" | "toggle" | "extend"), onToggle(k), isTicked(row), colorOf(row), canTick} */
 export function createTable(opts) {
   const head = h("div", { class: "sbs-head sbs-grid", role: "row" });
@@ -83,7 +88,8 @@ export function createTable(opts) {
       }
     }
     rowEl._tick.checked = opts.isTicked(row);
-    rowEl._tick.disabled = !opts.canTick() || !(row.ep_name || row.onnx_name);
+    rowEl._tick.disabled = !opts.canTick() || !resettable(row);
+    rowEl._tick.title = resettable(row) ? "put in the reset set" : "not resettable: no ONNX node computes this value";
   }
 
   let frame = 0;

@@ -549,6 +549,11 @@ def test_reset_names_replace_the_onnx_value_downstream():
     assert rec_fx.status == "reset"
     with pytest.raises(sbs_widget.InputError, match="cannot reset 'no_such_value'"):
         sbs_widget.run_aligned(ep, bad, args, kwargs, reset_names=["no_such_value"])
+    # a weight (an initializer: no node computes it) is not resettable: the error names what reads it
+    p = sbs_widget.prepare(ep, bad)
+    weight = next(k for k, v in p.alignment.pairs.items() if v.onnx_value in p.index.initializers)
+    with pytest.raises(sbs_widget.InputError, match=r"is an initializer .*reset what reads it instead: \S+"):
+        sbs_widget.run_aligned(ep, bad, args, kwargs, reset_names=[weight])
 
 
 def test_node_local_separates_creator_from_inheritors():

@@ -338,8 +338,17 @@ class Prepared:
                 out[name] = name
             elif name in fx_to_onnx and fx_to_onnx[name] in self.index.producer:
                 out[name] = fx_to_onnx[name]
+            elif fx_to_onnx.get(name, name) in self.index.initializers or name in self.index.inputs:
+                value = fx_to_onnx.get(name, name)
+                readers = [self.index.node_outputs[i][0] for i in self.index.consumers.get(value, [])
+                           if self.index.node_outputs[i] and self.index.node_outputs[i][0] in self.alignment.onnx_to_fx]
+                hint = f"; reset what reads it instead: {', '.join(readers[:5])}" if readers else ""
+                kind = "a model input" if name in self.index.inputs else "an initializer (a weight or a constant " \
+                    "the exporter folded)"
+                raise InputError(f"cannot reset {name!r}: its ONNX value {value!r} is {kind}, not computed by a "
+                                 f"node{hint}")
             else:
-                known = list(self.alignment.onnx_to_fx) + list(fx_to_onnx)
+                known = dict.fromkeys(list(self.alignment.onnx_to_fx) + list(fx_to_onnx))  # (each name once)
                 close = difflib.get_close_matches(name, known, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise InputError(
