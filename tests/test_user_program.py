@@ -51,6 +51,11 @@ def test_every_node_of_a_small_program_is_compared_or_explained():
     p = sbs_widget.prepare(exported)
     lines = summarize(records, p).lines()
     assert not [line for line in lines if "unaccounted" in line]
+    # the FX graph (the program the exporter translated) names them where their value is
+    from sbs_widget.graphs.dot import dot_sources
+
+    fx_dot, _ = dot_sources(p, records)
+    assert "your program: " in fx_dot and all(name in fx_dot for name in to)
     # the program the exporter translated, handed over as such: every node has its own record
     decomposed = list(sbs_widget.run_aligned(exported.onnx_program, None, (torch.randn(2, 8),)))
     program = exported.onnx_program.exported_program

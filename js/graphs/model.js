@@ -277,10 +277,12 @@ export function quote(text) {
   return `"${lines.join("\\n")}"`;
 }
 
-/** Hover text of node `i`: its full name (never shortened) and op, hidden characters escaped. */
+/** Hover text of node `i`: its full name (never shortened) and op, hidden characters escaped, and the
+ * nodes of the user's program whose value it holds (`yours`: rewritten or dropped by decomposition). */
 export function nodeTitle(g, i) {
   const x = g.nodes[i];
-  return (x.kind === "node" || x.kind === "weight") && x.op ? `${visible(x.name)}\n${visible(x.op)}` : visible(x.name);
+  const text = (x.kind === "node" || x.kind === "weight") && x.op ? `${visible(x.name)}\n${visible(x.op)}` : visible(x.name);
+  return x.yours && x.yours.length ? `${text}\nyour program: ${x.yours.map((n) => visible(n)).join(", ")}` : text;
 }
 
 /** Up to `limit` nodes to draw when the whole view is more than Graphviz can lay out: breadth first

@@ -4,6 +4,7 @@ import { test } from "node:test";
 import {
   buildView, counterparts, defaultCollapsed, errorPath, indexGraph, neighbourhood, nodeOfRow, paintClusters,
   paintGraph, parseSpec, quote, SPEC_MARKER,
+  nodeTitle,
 } from "./model.js";
 import { colorFor, errorColor } from "../rules.js";
 
@@ -188,4 +189,10 @@ test("a node whose worst record is noise is painted noise; a mismatch beside it 
   assert.match(dot, new RegExp(`n2 \\[label="gelu" fillcolor="${colorFor(0.2, "mismatch")}"`));
   // rounding is not where an error starts: the path from add goes to gelu (a mismatch), not further to linear
   assert.deepEqual(errorPath(fx, paint, 3), [3, 2]);
+});
+
+test("a node's hover text names the user's nodes whose value it holds", () => {
+  const g = { nodes: [{ name: "view_3", op: "view", kind: "node", yours: ["reshape", "to_5"] }, { name: "x", kind: "input" }] };
+  assert.equal(nodeTitle(g, 0), "view_3\nview\nyour program: reshape, to_5");
+  assert.equal(nodeTitle(g, 1), "x");
 });

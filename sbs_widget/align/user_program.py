@@ -52,6 +52,21 @@ def value_holder(prepared):
     return holder
 
 
+def user_names_held(prepared) -> dict[str, list[str]]:
+    """Decomposed node (or placeholder) -> the user's nodes whose value it holds, when their names
+    differ (``reshape`` held by ``view_3``, a no-op ``to`` by its input): the graph shows them."""
+    if getattr(prepared, "user_ep", None) is None:  # (also a bare (decomposed_ep, onnx_model) holder)
+        return {}
+    holder = value_holder(prepared)
+    out: dict[str, list[str]] = {}
+    for node in prepared.user_ep.graph.nodes:
+        if value_producing(node):
+            held_by = holder(node.name)
+            if held_by is not None and held_by != node.name:
+                out.setdefault(held_by, []).append(node.name)
+    return out
+
+
 @dataclass(frozen=True)
 class Unrecorded:
     """A value-producing user node no record names (by ``ep_name`` or ``ep_origin``), and why."""

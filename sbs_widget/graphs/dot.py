@@ -53,14 +53,18 @@ def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str,
     Each DOT starts with a ``// sbs-graph-spec {json}`` comment holding the graph structure, so the
     browser can collapse and expand clusters without parsing DOT; any Graphviz still renders the file.
     """
+    yours: dict[str, list[str]] = {}
     if isinstance(prepared, tuple):
         ep, onx = prepared
     else:
+        from sbs_widget.align.user_program import user_names_held
+
         ep, onx = prepared.decomposed_ep, prepared.onnx_model
+        yours = user_names_held(prepared)
     records = list(records or ())
     fx_weights, onnx_weights = failed_weights(records)
     out = []
-    for spec in (fx_spec(ep, fx_weights), onnx_spec(onx, onnx_weights)):
+    for spec in (fx_spec(ep, fx_weights, yours), onnx_spec(onx, onnx_weights)):
         header = SPEC_MARKER + json.dumps(spec.to_json(), separators=(",", ":"))  # ASCII: no newline inside
         out.append(_digraph(spec, _paint(spec, records), comment=header).source)
     return out[0], out[1]
@@ -198,7 +202,10 @@ def quote(text: str) -> str:
 def tooltip(node: dict) -> str:
     """Hover text of a node: its full name (never shortened) and op, hidden characters escaped."""
     name = visible(node["name"])
-    return f"{name}\n{visible(node['op'])}" if node.get("kind") in ("node", "weight") and node.get("op") else name
+    text = f"{name}\n{visible(node['op'])}" if node.get("kind") in ("node", "weight") and node.get("op") else name
+    if node.get("yours"):  # the user's nodes whose value this one holds (rewritten or dropped by decomposition)
+        text += "\nyour program: " + ", ".join(visible(n) for n in node["yours"])
+    return text
 
 
 def _attrs(attrs: dict[str, str]) -> str:

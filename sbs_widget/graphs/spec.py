@@ -73,14 +73,16 @@ class GraphSpec:
         return index
 
 
-def fx_spec(ep, weights: Iterable[str] = ()) -> GraphSpec:
+def fx_spec(ep, weights: Iterable[str] = (), yours: dict[str, list[str]] | None = None) -> GraphSpec:
     """Nodes of an ExportedProgram: user inputs, every call_function and the output.
 
     Parameters, buffers and lifted constants are left out (they would double the node count of a
     transformer), except the placeholders named in ``weights``: the ones whose comparison failed, drawn
-    next to their first reader so that a wrong weight has a place in the graph.
+    next to their first reader so that a wrong weight has a place in the graph. ``yours``: node name ->
+    the nodes of the user's program whose value it holds (shown in its tooltip).
     """
     ep = _as_exported_program(ep)
+    yours = yours or {}
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
     weights = set(weights)
@@ -111,6 +113,8 @@ def fx_spec(ep, weights: Iterable[str] = ()) -> GraphSpec:
         spec.nodes.append({"id": f"fx:{node.name}", "name": node.name, "label": label,
                            "op": _short_target(node.target) if kind == "node" else kind, "kind": kind,
                            "cluster": spec.cluster_of(chain) if kind == "node" else -1})
+        if yours.get(node.name):
+            spec.nodes[-1]["yours"] = yours[node.name]
         for src in node.all_input_nodes:
             if src in index:
                 spec.edges.append((index[src], index[node]))
