@@ -7,6 +7,7 @@ Run: ``pytest -m browser tests/browser -p no:playwright``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import secrets
@@ -54,6 +55,59 @@ class Lab:
         nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
         nbformat.write(nb, self.root / name)
         return name
+
+
+@contextlib.contextmanager
+def jupyter_server(app: str, base: pathlib.Path, extra_args=(), start_timeout: float = 120):
+    """Start ``jupyter APP`` (``notebook``: Notebook 7's own server) in ``base``: notebooks in ``base/root``,
+    isolated JUPYTER_* / IPYTHONDIR dirs, a token, a free port, its own process group. Yields a ``Lab``
+    once ``/api/status`` answers; shuts it down (``/api/shutdown``, else kills the group) on exit."""
+    root = base / "root"
+    root.mkdir()
+    env = dict(os.environ)
+    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
+                "IPYTHONDIR"):
+        (base / var.lower()).mkdir()
+        env[var] = str(base / var.lower())
+    news = base / "jupyterlab_settings_dir" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news toast
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["PYTHONWARNINGS"] = "ignore"
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyter", app, "--no-browser", f"--IdentityProvider.token={token}",
+           f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+           *extra_args]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log_path = base / f"{app}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = Lab(root, port, token, proc)
+        try:
+            deadline = time.time() + start_timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{server.base}/api/status?token={token}", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"jupyter {app} did not start; see {log_path}")
+                time.sleep(0.3)
+            yield server
+        finally:
+            try:
+                if proc.poll() is None:
+                    req = urllib.request.Request(f"{server.base}/api/shutdown", method="POST",
+                                                 headers={"Authorization": f"token {token}"})
+                    urllib.request.urlopen(req, timeout=10)
+                proc.wait(20)
+            except Exception:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 @pytest.fixture(scope="session")
