@@ -115,49 +115,10 @@ def lab(tmp_path_factory):
     if shutil.which("jupyter") is None:
         pytest.skip("jupyterlab is not installed")
     pytest.importorskip("jupyterlab")
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "root"
-    root.mkdir()
-    env = dict(os.environ)
-    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
-                "IPYTHONDIR"):
-        (base / var.lower()).mkdir()
-        env[var] = str(base / var.lower())
-    news = base / "jupyterlab_settings_dir" / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True)
-    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news toast
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["PYTHONWARNINGS"] = "ignore"
-    port, token = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--IdentityProvider.token={token}",
-           f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-           "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
-           "--JupyterNotebookApp.expose_app_in_browser=True"]  # Notebook 7, when installed
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
-    log = open(base / "lab.log", "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Lab(root, port, token, proc)
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{server.base}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"JupyterLab did not start; see {base / 'lab.log'}")
-        time.sleep(0.3)
-    yield server
-    try:
-        req = urllib.request.Request(f"{server.base}/api/shutdown", method="POST",
-                                     headers={"Authorization": f"token {token}"})
-        urllib.request.urlopen(req, timeout=5)
-        proc.wait(10)
-    except Exception:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+    args = ("--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
+            "--JupyterNotebookApp.expose_app_in_browser=True")  # Notebook 7, when installed
+    with jupyter_server("lab", tmp_path_factory.mktemp("lab"), args, start_timeout=60) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
