@@ -286,8 +286,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                     return_freed_memory()
             self.cancel.check("before the last FX nodes and the outputs")
             yield from self._advance_fx(len(p.fx_nodes))
+            yield from self._unrecorded_records()  # (before the outputs: they stay last)
             yield from self._output_records()
-            yield from self._unrecorded_records()
             return_freed_memory()
         finally:
             self.cancel.finish()
