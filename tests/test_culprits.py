@@ -36,7 +36,7 @@ def test_fault_suite_dummy_llm(optimize):
     assert {f.kind for f in flist} >= {"weight", "op", "cast", "constant"}
     results, false_alarms = evaluate(ep, prog.model_proto, args, kwargs, flist)
     assert false_alarms == 0
-    misses = [(f.description, found[:1]) for f, rank, _, found, _ in results if rank != 1]
+    misses = [(f.description, found[:1]) for f, rank, _, found, _, _ in results if rank != 1]
     assert not misses
 
 
@@ -165,3 +165,20 @@ def test_one_culprit_per_onnx_node():
     out = _one_per_onnx_node([a, b, c])
     assert [x.onnx_node for x in out] == ["node_MatMul_9", "node_Add_2"]
     assert "also the twin of FX node 'sdpa'" in out[0].reason
+
+
+@pytest.mark.slow
+def test_a_fault_before_a_copy_is_blamed_on_the_node_inside_the_translation():
+    """LLaMA's ``softmax`` is translated as Softmax + Cast (to float32, its input's type): the Cast only
+    copies, so a wrong Softmax axis is the Softmax's, not the compared Cast's."""
+    from sbs_widget.samples import faults, zoo
+
+    ep, prog, args, kwargs = zoo.export("llama", optimize=False)
+    model = prog.model_proto
+    cast = next(n for n in model.graph.node if n.op_type == "Cast" and n.output[0] == "softmax")
+    softmax = next(n for n in model.graph.node if n.output and n.output[0] == cast.input[0])
+    assert softmax.op_type == "Softmax"
+    bad = faults.set_attribute(model, softmax.name, "axis", -2)
+    found = sbs_widget.culprits(ep, bad, args, kwargs)
+    assert found and found[0].onnx_node == softmax.name and found[0].onnx_op_type == "Softmax"
+    assert "only copies it" in found[0].reason and cast.name in found[0].reason

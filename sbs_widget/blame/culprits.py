@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import onnx
 
 from sbs_widget import records as R
+from sbs_widget.blame.inside import computing_producer
 from sbs_widget.engine.tolerance import resolve
 from sbs_widget.records import Record
 
@@ -197,6 +198,13 @@ class _Context:
             cur = position[id(best)]
         self._traced[k] = found
         return found
+
+    def computing_producer(self, value: str, node_name: str | None):
+        """See ``inside.computing_producer``: the node inside ``value``'s group where its difference
+        starts when the compared node only copies."""
+        if self.p is None or node_name is None:
+            return None
+        return computing_producer(self.p, set(self.group_nodes(value)), value)
 
     def lossy_cast(self, value: str):
         """A precision-losing Cast in the group recomputing ``value``: (cast node, value it rounds)."""
@@ -371,6 +379,19 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
     else:
         why = (f"{op} adds {_g(rec.err_local)} of its own on torch inputs ({inputs}, output off by "
                f"{_g(rec.err_abs)}): the node itself differs")
+    inner = ctx.computing_producer(rec.onnx_name, rec.onnx_node_name) if agree and rec.err_local else None
+    if inner is not None:  # the compared node only copies: the difference starts inside the translation
+        node, value, copy = inner
+        why = (f"{node.op_type} {node.name!r}, inside the translation of {rec.ep_name!r}: the compared value "
+               f"comes out of {copy.op_type} {copy.name!r}, which only copies it; {op} gives {_g(rec.err_local)} "
+               f"on torch inputs ({inputs}), so {node.op_type} {node.name!r} computes it differently")
+        if rec.err_where:
+            why += f"; beyond tolerance at {rec.err_where}"
+        return Culprit(
+            onnx_node=node.name, onnx_name=value, onnx_op_type=node.op_type, ep_name=rec.ep_name,
+            ep_target=rec.ep_target, module=rec.module, score=round(evidence, 4), kind="node", record=k,
+            err_abs=rec.err_abs, err_local=rec.err_local, reason=why, value=rec.onnx_name,
+        )
     group = ctx.group_nodes(rec.onnx_name)
     if len(group) > 1:
         others = [ctx.p.index.nodes[i] for i in group if ctx.p.index.nodes[i].name != rec.onnx_node_name]
