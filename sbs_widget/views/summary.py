@@ -50,12 +50,13 @@ class Summary:
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
         if self.coverage is not None:
             unaccounted = self.coverable - self.covered - self.explained
-            out.append(f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
-                       f"call_function nodes compared ({self.covered}); {self.explained} explained without a "
-                       f"comparison ({self.folded} constant-folded, {self.fused} fused into other nodes or dropped "
-                       "(empty) by the ONNX optimizer, the others no-ops or values the exporter's decomposition "
-                       "removed: see their one-sided records)"
-                       + (f"; {unaccounted} unaccounted" if unaccounted else ""))
+            line = (f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
+                    f"call_function nodes compared ({self.covered})")
+            if self.explained:
+                line += (f"; {self.explained} explained without a comparison ({self.folded} constant-folded, "
+                         f"{self.fused} fused into other nodes or dropped (empty) by the ONNX optimizer, the others "
+                         "no-ops or values the exporter's decomposition removed: see their one-sided records)")
+            out.append(line + (f"; {unaccounted} unaccounted" if unaccounted else ""))
         if self.worst is not None:
             w = self.worst
             out.append(f"worst pair: {_n(w.ep_name)} / {_n(w.onnx_name)} ({w.onnx_op_type}) err_abs={w.err_abs:.3g}")
