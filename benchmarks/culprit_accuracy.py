@@ -278,6 +278,7 @@ def is_hit(culprit, fault: Fault, prepared) -> str:
 def evaluate(ep, model, args, kwargs, fault_list):
     """[(fault, rank 1-based or 0, how)] and the number of culprits on the correct export."""
     from sbs_widget.blame.culprits import Culprit, culprits, find_culprits
+    from sbs_widget.blame.finer import refine_culprits
     from sbs_widget.engine.entry import prepare
 
     def as_culprit(rec):
@@ -292,7 +293,8 @@ def evaluate(ep, model, args, kwargs, fault_list):
             prepared = prepare(ep, fault.model)
             atol, rtol = prepared.tolerance(RUN["atol"], RUN["rtol"])
             records = list(prepared.run(args, kwargs, node_local=True, **RUN))
-            found = find_culprits(records, prepared=prepared, atol=atol, rtol=rtol)
+            found = refine_culprits(find_culprits(records, prepared=prepared, atol=atol, rtol=rtol), prepared,
+                                    args, kwargs, atol, rtol)
             rank, how, exact_rank = 0, "", 0
             for r, c in enumerate(found[:3], 1):
                 h = is_hit(c, fault, prepared)

@@ -182,3 +182,22 @@ def test_a_fault_before_a_copy_is_blamed_on_the_node_inside_the_translation():
     found = sbs_widget.culprits(ep, bad, args, kwargs)
     assert found and found[0].onnx_node == softmax.name and found[0].onnx_op_type == "Softmax"
     assert "only copies it" in found[0].reason and cast.name in found[0].reason
+
+
+@pytest.mark.slow
+def test_two_computing_nodes_of_a_translation_are_told_apart_by_torchs_decomposition():
+    """SiLU is translated as Sigmoid then Mul (both compute): with the Sigmoid turned into Tanh, the
+    group differs, and torch's decomposition of silu (sigmoid, mul), paired by data flow, says the
+    difference starts at the Tanh, not at the compared Mul."""
+    from sbs_widget.samples import faults, zoo
+
+    ep, prog, args, kwargs = zoo.export("llama", optimize=True)
+    model = prog.model_proto
+    mul = next(n for n in model.graph.node if n.op_type == "Mul" and n.output[0] == "silu")
+    sigmoid = next(n for n in model.graph.node if n.output and n.output[0] in mul.input and n.op_type == "Sigmoid")
+    bad = faults.replace_op(model, sigmoid.name, "Tanh")
+    found = sbs_widget.culprits(ep, bad, args, kwargs)
+    assert found and found[0].onnx_node == sigmoid.name and found[0].onnx_op_type == "Tanh"
+    assert "decomposition" in found[0].reason and "'sigmoid'" in found[0].reason
+    # a correct export: no culprit, nothing refined
+    assert sbs_widget.culprits(ep, model, args, kwargs) == []

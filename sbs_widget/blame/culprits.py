@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import onnx
 
 from sbs_widget import records as R
+from sbs_widget.blame.finer import refine_culprits
 from sbs_widget.blame.inside import computing_producer
 from sbs_widget.engine.tolerance import resolve
 from sbs_widget.records import Record
@@ -439,7 +440,8 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     atol, rtol = prepared.tolerance(atol, rtol)
     records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True,
                                 reference=reference))
-    return find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
+    found = find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
+    return refine_culprits(found, prepared, inputs, kwargs, atol, rtol)  # inside translations: blame/finer.py
 
 
 def as_prepared(ep, onx=None):

@@ -26,6 +26,7 @@ import torch
 from onnx import numpy_helper
 
 from sbs_widget.dtypes import ONNX_TO_NUMPY, numpy_elem_type
+from sbs_widget.engine.fx_runner import torch_values
 from sbs_widget.engine.node_local import ANCHOR, local_model
 from sbs_widget.errors import InputError
 from sbs_widget.views.safe_text import short_name
@@ -113,24 +114,6 @@ def _resolve(prepared, target) -> str:
                      "torch twin downstream")
 
 
-def _torch_values(prepared, inputs, kwargs, names: set[str]) -> dict:
-    from sbs_widget.engine.fx_runner import FxRunner, flat_inputs, on_inputs_device
-    from sbs_widget.load.readers import load_inputs
-
-    args, kwargs = load_inputs(inputs, kwargs)
-    flat, device = on_inputs_device(prepared.decomposed_ep, flat_inputs(prepared.decomposed_ep, args, kwargs))
-    runner = FxRunner(prepared.decomposed_ep, device=device)
-    runner.feed(flat)
-    last = len(prepared.fx_nodes) - 1
-    with torch.no_grad():
-        while not all(n in runner.env for n in names) and runner.position < last:
-            runner.step()
-    missing = [n for n in names if n not in runner.env]
-    if missing:
-        raise InputError(f"the torch program did not produce {missing}")
-    return {n: runner.env[n] for n in names}
-
-
 def _as_array(value, like: str, index) -> np.ndarray:
     t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
     arr = t.detach().cpu().float().numpy() if t.dtype == torch.bfloat16 else t.detach().cpu().numpy()
@@ -191,7 +174,7 @@ def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: f
         raise InputError(f"the ONNX nodes computing {value!r} cannot be isolated from torch inputs")
     fx_of = p.alignment.onnx_to_fx
     fx_out = fx_of[value]
-    torch_vals = _torch_values(p, inputs, kwargs, {fx_out} | {fx_of[a] for a in g.anchors})
+    torch_vals = torch_values(p, inputs, kwargs, {fx_out} | {fx_of[a] for a in g.anchors})
     feeds = {a: _as_array(torch_vals[fx_of[a]], a, p.index) for a in g.anchors}
     model, node_names = piece_model(p, value, {a: numpy_elem_type(v) for a, v in feeds.items()})
     expected_t = torch_vals[fx_out]

@@ -308,3 +308,21 @@ def program_outputs(program: torch.export.ExportedProgram) -> list:
         user = torch.export.graph_signature.OutputKind.USER_OUTPUT
         values = [v for v, spec in zip(values, specs) if spec.kind == user]
     return [v for v in torch.utils._pytree.tree_leaves(values) if v is not None]
+
+
+def torch_values(prepared, inputs, kwargs, names: set[str]) -> dict:
+    """The torch values of FX nodes ``names``: the program run on ``inputs`` until it has them all."""
+    from sbs_widget.load.readers import load_inputs
+
+    args, kwargs = load_inputs(inputs, kwargs)
+    flat, device = on_inputs_device(prepared.decomposed_ep, flat_inputs(prepared.decomposed_ep, args, kwargs))
+    runner = FxRunner(prepared.decomposed_ep, device=device)
+    runner.feed(flat)
+    last = len(prepared.fx_nodes) - 1
+    with torch.no_grad():
+        while not all(n in runner.env for n in names) and runner.position < last:
+            runner.step()
+    missing = [n for n in names if n not in runner.env]
+    if missing:
+        raise InputError(f"the torch program did not produce {missing}")
+    return {n: runner.env[n] for n in names}
