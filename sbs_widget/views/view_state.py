@@ -43,12 +43,16 @@ def compare_state(runs: list[Run], atol: float, rtol: float) -> dict:
     return compare_runs(runs[-2], runs[-1], atol, rtol) if len(runs) >= 2 else {}
 
 
-def culprits_state(run: Run, prepared) -> list[dict]:
-    """The culprits of ``run`` as the view lists them (each with ``i``, its record's index)."""
+def culprits_state(run: Run, prepared, inputs=None, kwargs=None) -> list[dict]:
+    """The culprits of ``run`` as the view lists them (each with ``i``, its record's index); with the
+    run's ``inputs``, those inside a translation are located by torch's decomposition (``blame/finer``)."""
     from sbs_widget.blame.culprits import find_culprits
+    from sbs_widget.blame.finer import refine_culprits
 
     try:
         found = find_culprits(run.records, prepared=prepared, atol=run.atol, rtol=run.rtol)
+        if inputs is not None and prepared is not None:
+            found = refine_culprits(found, prepared, inputs, kwargs, run.atol, run.rtol)
     except Exception as e:  # a failed culprit search must not cost the comparison
         warnings.warn(f"culprits unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
         found = []

@@ -364,7 +364,8 @@ class SbsWidget(anywidget.AnyWidget):
             self._update_compare()
 
     def _update_culprits(self, run: Run) -> None:
-        self.culprits = culprits_state(run, self._prepared)
+        self.culprits = culprits_state(run, self._prepared, self._args if self._ep is not None else None,
+                                       self._kwargs)
 
     def export_repro(self, name, folder):
         """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
