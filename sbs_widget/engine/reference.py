@@ -210,8 +210,8 @@ class ProgramShadow:
         """Free the kept values whose last reader has been computed."""
         done = self.position - 1
         for name in self._kept:
-            if self._last_use.get(name, len(self._nodes)) <= done and \
-                    self._nodes[self._last_use[name]].op != "output":
+            last = self._last_use.get(name)  # (None: read by no node, judged now, needed no more)
+            if last is None or (last <= done and self._nodes[last].op != "output"):
                 self._values.pop(name, None)
         self._kept.clear()
 

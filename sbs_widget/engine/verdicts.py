@@ -94,7 +94,8 @@ class Judging:
         # the pairs to judge: beyond tolerance, or with a node-local error (maybe a source below it);
         # on a clean run without node-local values, none (this loop runs for every record of a run)
         todo = [x for x in records if x[0].status == mismatch or x[0].err_local]
-        shadow = self._shadow_for([fx for rec, fx, o in todo if self._against_program(rec, fx, o, env, local_scale)])
+        direct = {id(rec): fx for rec, fx, o in todo if self._against_program(rec, fx, o, env, local_scale)}
+        shadow = self._shadow_for(list(direct.values()))
         for rec, fx_name, o in todo:
             if fx_name is None or o is None or rec.status not in (R.OK, R.MISMATCH) or rec.kind != R.KIND_NODE:
                 continue
@@ -112,7 +113,7 @@ class Judging:
                 self._inherited(rec, fx_name, f"on torch's inputs the ONNX side agrees with torch within "
                                               f"{SAME_ULPS} ulps of the value's scale")
                 continue
-            if shadow is not None and self._against_program(rec, fx_name, o, env, local_scale) and \
+            if shadow is not None and id(rec) in direct and \
                     self._as_exact_as_torch(rec, fx_name, env[fx_name], onnx_env.get(o), shadow):
                 continue
             got = local.get(o)
