@@ -134,7 +134,6 @@ class SbsWidget(anywidget.AnyWidget):
         w = cls(None, None, args, kwargs=kwargs, autostart=False, **options)
         w._to_export = dict(model=model, dynamic_shapes=dynamic_shapes, optimize=optimize, strict=strict,
                             opset_version=opset_version)
-        w._ep = w._to_export  # (not None: the widget can run)
         if autostart:
             w.rerun()
         return w
@@ -241,7 +240,7 @@ class SbsWidget(anywidget.AnyWidget):
 
         A run in progress is stopped first. Returns at once; ``wait()`` blocks until the run ends.
         """
-        if self._ep is None:
+        if self._ep is None and self._to_export is None:
             raise RuntimeError("this widget shows saved records; there is nothing to rerun")
         with self._rerun_lock:
             if reset_names is not None:
@@ -364,8 +363,7 @@ class SbsWidget(anywidget.AnyWidget):
             self._update_compare()
 
     def _update_culprits(self, run: Run) -> None:
-        self.culprits = culprits_state(run, self._prepared, self._args if self._ep is not None else None,
-                                       self._kwargs)
+        self.culprits = culprits_state(run, self._prepared, None if self._ep is None else self._args, self._kwargs)
 
     def export_repro(self, name, folder):
         """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
