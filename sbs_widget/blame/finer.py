@@ -7,7 +7,8 @@ the same torch inputs, its values are references for the inside of the translati
 paired with its nodes by structure only: the op kind (``_KINDS``) and the data flow from the shared
 inputs (an ONNX input is the group's anchor standing for an FX argument, or the output of an already
 paired node; constants match any literal). The first paired node whose value differs from its
-reference while its inputs agree is where the difference starts. Nothing is paired by name or by
+reference, beyond tolerance and beyond rounding (``engine/noise.py``'s rule, against the same
+decomposition run in float64), while its inputs agree is where the difference starts. Nothing is paired by name or by
 value; whatever cannot be paired stays unjudged and the culprit is left as it was.
 """
 
@@ -16,6 +17,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import torch
+
+from sbs_widget.engine.noise import epsilon, judge, largest
+from sbs_widget.engine.reference import upcast
 
 # ONNX op -> the aten ops (overload packet names) computing the same thing
 _KINDS = {
@@ -28,8 +32,8 @@ _KINDS = {
 
 
 def _reference_program(node: torch.fx.Node, values: dict):
-    """(finer graph module, its placeholder -> FX argument name) from torch's decomposition of
-    ``node`` on its torch argument values, or None."""
+    """(finer graph module, its placeholder -> FX argument name, the argument tensors) from torch's
+    decomposition of ``node`` on its torch argument values, or None."""
     from torch._decomp import core_aten_decompositions, decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -44,7 +48,6 @@ def _reference_program(node: torch.fx.Node, values: dict):
                 return None
             names.append(a.name)
             tensors.append(values[a.name])
-    positions = iter(range(len(tensors)))
 
     def call(*ts):
         it = iter(ts)
@@ -52,8 +55,8 @@ def _reference_program(node: torch.fx.Node, values: dict):
         return fn(*args)
 
     gm = make_fx(call)(*tensors)  # one level: the ops the decomposition calls stay whole
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return gm, {p.name: names[next(positions)] for p in placeholders}, tensors
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, dict(zip(placeholders, names)), tensors
 
 
 def _run(gm, tensors) -> dict:
@@ -139,6 +142,7 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
     if len(paired) < 2:  # nothing to tell apart
         return None
     finer = _run(gm, tensors)
+    exact = _run(gm, [upcast(t) for t in tensors])  # the same decomposition in float64
     onnx_values = _run_group(prepared, g, group_nodes, values, list(paired))
     if onnx_values is None:
         return None
@@ -149,13 +153,18 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
             continue
         if any(x and x not in constants and x not in anchors_fx and x not in paired for x in n.input):
             return None  # an input computed by a node nothing pairs: the difference may start there
-        expected = finer[paired[out]]
+        expected, reference = finer[paired[out]], exact.get(paired[out])
         got = onnx_values[out]
-        if not isinstance(expected, torch.Tensor) or expected.numel() != got.size:
+        if not isinstance(expected, torch.Tensor) or not isinstance(reference, torch.Tensor) or \
+                expected.numel() != got.size:
             continue
         e = expected.detach().cpu().double().numpy().reshape(got.shape)
         diff = np.abs(got.astype(np.float64) - e)
         if np.isfinite(diff).all() and (diff <= atol + rtol * np.abs(e)).all():
+            continue
+        # beyond tolerance: rounding (as close to the float64 decomposition as torch's), or not
+        if judge(expected.reshape(got.shape), got, reference.reshape(got.shape), epsilon(expected),
+                 largest(expected)).noise:
             continue
         # its inputs: anchors (torch values) or paired values that agree (checked before, in order)
         return n, out, float(np.nanmax(diff)), paired[out]
