@@ -31,6 +31,14 @@ _KINDS = {
 }
 
 
+_CONVERSIONS = {"_to_copy", "to", "convert_element_type", "clone", "alias"}
+
+
+def _op_name(f: torch.fx.Node) -> str:
+    """The aten op of a finer node without namespace or overload (``sigmoid``)."""
+    return getattr(getattr(f.target, "overloadpacket", None), "__name__", "")
+
+
 def _reference_program(node: torch.fx.Node, values: dict):
     """(finer graph module, its placeholder -> FX argument name, the argument tensors) from torch's
     decomposition of ``node`` on its torch argument values, or None."""
@@ -80,7 +88,17 @@ def _pair(group_nodes, anchors_fx: dict, gm, placeholder_fx: dict) -> dict:
     by_arg = {fx: ph for ph, fx in placeholder_fx.items()}  # FX arg name -> finer placeholder
     paired: dict[str, str] = {}
     used: set[str] = set()
-    finer = [n for n in gm.graph.nodes if n.op == "call_function"]
+    # A conversion of dtype (a float16 program's decomposition computing in float32) carries the value
+    # it converts: it stands for its input in the data flow, and is never paired itself.
+    same: dict[str, str] = {}
+    for f in gm.graph.nodes:
+        if f.op == "call_function" and _op_name(f) in _CONVERSIONS and f.all_input_nodes:
+            src = f.all_input_nodes[0].name
+            same[f.name] = same.get(src, src)
+    finer = [n for n in gm.graph.nodes if n.op == "call_function" and n.name not in same]
+
+    def reads(f) -> list[str]:
+        return sorted(same.get(m.name, m.name) for m in f.all_input_nodes)
 
     def sources(node):
         """The finer names its non-constant inputs stand for, or None if one is not known yet."""
@@ -108,10 +126,8 @@ def _pair(group_nodes, anchors_fx: dict, gm, placeholder_fx: dict) -> dict:
                 if wanted is None:
                     continue
                 kinds = _KINDS.get(node.op_type, set())
-                fits = [f for f in finer if f.name not in used
-                        and sorted(m.name for m in f.all_input_nodes) == wanted
-                        and (not same_kind or getattr(getattr(f.target, "overloadpacket", None), "__name__", "")
-                             in kinds)]
+                fits = [f for f in finer if f.name not in used and reads(f) == wanted
+                        and (not same_kind or _op_name(f) in kinds)]
                 if len(fits) == 1 or (same_kind and fits):
                     paired[node.output[0]] = fits[0].name
                     used.add(fits[0].name)
@@ -163,8 +179,9 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
         if np.isfinite(diff).all() and (diff <= atol + rtol * np.abs(e)).all():
             continue
         # beyond tolerance: rounding (as close to the float64 decomposition as torch's), or not
-        if judge(expected.reshape(got.shape), got, reference.reshape(got.shape), epsilon(expected),
-                 largest(expected)).noise:
+        # (rounding of the coarser of the two types: a float16 ONNX value against a float32 torch one)
+        coarse = max(epsilon(expected), epsilon(got))
+        if judge(expected.reshape(got.shape), got, reference.reshape(got.shape), coarse, largest(expected)).noise:
             continue
         # its inputs: anchors (torch values) or paired values that agree (checked before, in order)
         return n, out, float(np.nanmax(diff)), paired[out]
