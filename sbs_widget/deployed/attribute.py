@@ -85,7 +85,7 @@ class Attribution:
         at_level = dataclasses.replace(s, level=level)
         self.differs(f"level {level}", at_level)  # known unless hi == top: then memoized
         below = self.original if lo == 0 else self.models.get(dataclasses.replace(s, level=LEVELS[lo]))
-        candidates = self._candidates(lo, hi, self.models.get(at_level), below)
+        candidates, shown = self._candidates(lo, hi, self.models.get(at_level), below)
 
         def fixed_by(disabled: list) -> bool:
             return not self.differs(f"level {level} without {', '.join(disabled[:3])}"
@@ -96,6 +96,8 @@ class Attribution:
             note = (f"disabling its {len(candidates)} known transformers does not remove the difference: the cause "
                     "is a transformer or kernel this list lacks")
             return Cause("optimizer", level=level, note=note), self.steps, []
+        if shown and len(shown) < len(candidates) and fixed_by(shown):
+            candidates = shown  # one step that usually saves several: the graph names its fusion
         guilty = smallest(candidates, fixed_by)
         fused = []
         if localize:
@@ -103,23 +105,40 @@ class Attribution:
             fused = fused_nodes(self.models.get(at_level), good, guilty)
         return Cause("optimizer", level=level, transformers=guilty), self.steps, fused
 
-    def _candidates(self, lo: int, hi: int, bad_model: str | None, good_model: str | None) -> list[str]:
-        """The transformers the optimized graph at the guilty level shows (node names carry them, fused
-        op types imply them) first, then the others the level adds, then those of lower levels."""
+    def _candidates(self, lo: int, hi: int, bad_model: str | None, good_model: str | None) -> tuple[list, list]:
+        """(all candidates, those the optimized graph at the guilty level shows): the transformers whose
+        names the new nodes and initializers carry (``ConvBnFusion_W_...``, ``.../MatMulScaleFusion/``),
+        or whose fused op types they have; then the others the level adds, then those of lower levels."""
         seen = []
-        bad, good = _nodes(bad_model), _nodes(good_model)
-        for name, op in bad.items():
-            if name in good:
+        bad, good = _graph(bad_model), _graph(good_model)
+        for name, (op, inputs) in bad.items():
+            if name in good and good[name] == (op, inputs):
                 continue
-            for part in name.split("/")[1:]:
-                if part in _KNOWN or _LOOKS_LIKE.match(part):
-                    seen.append(part)
+            for text in (name, *inputs):
+                seen.extend(_named_in(text))
             seen.extend(CREATES.get(op, ()))
+        shown = list(dict.fromkeys(seen))
         for level in LEVELS[lo + 1:hi + 1]:
             seen.extend(TRANSFORMERS.get(level, ()))
         for level in LEVELS[1:lo + 1]:
             seen.extend(TRANSFORMERS.get(level, ()))
-        return list(dict.fromkeys(seen))
+        return list(dict.fromkeys(seen)), shown
+
+
+_BY_LOWER = {name.lower(): name for name in _KNOWN}
+
+
+def _named_in(text: str) -> list[str]:
+    """The transformer names a node or initializer name carries, in any case (onnxruntime writes
+    ``ConvBnFusion`` for ``ConvBNFusion``)."""
+    found = []
+    for part in re.split(r"[/_:.]", text):
+        known = _BY_LOWER.get(part.lower()) or _BY_LOWER.get(part.lower() + "l1")
+        if known:
+            found.append(known)
+        elif _LOOKS_LIKE.match(part):
+            found.append(part)
+    return found
 
 
 def smallest(candidates: list, fixed_by: Callable[[list], bool]) -> list:
@@ -143,28 +162,36 @@ def smallest(candidates: list, fixed_by: Callable[[list], bool]) -> list:
     return must
 
 
-def _nodes(path: str | None) -> dict[str, str]:
+def _graph(path: str | None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Node name -> (op type, inputs) of a saved optimized model; {} when there is none."""
     if not path:
         return {}
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - a missing or unreadable optimized model only loses candidates
         return {}
-    return {n.name: n.op_type for n in model.graph.node}
+    return {n.name: (n.op_type, tuple(n.input)) for n in model.graph.node}
+
+
+# Casts onnxruntime inserts around nodes its provider runs in another type: bookkeeping, not fusions.
+_INSERTED = ("InsertedPrecisionFreeCast_",)
 
 
 def fused_nodes(bad_path: str | None, good_path: str | None, guilty: list[str]) -> list[FusedNode]:
-    """The nodes present with the guilty transformers on and absent with them off, each with the
-    nodes it replaced (those absent with them on, connected to it through the values they share)."""
+    """The nodes the guilty transformers made (present with them on and absent with them off, or
+    kept under their name with other inputs or another op, as a Conv that absorbed a BatchNormalization),
+    each with the nodes it replaced (those absent with them on, connected to it through shared values)."""
     if not bad_path or not good_path:
         return []
     bad = {n.name: n for n in onnx.load(bad_path, load_external_data=False).graph.node}
     good = {n.name: n for n in onnx.load(good_path, load_external_data=False).graph.node}
-    created = [n for name, n in bad.items() if name not in good]
+    changed = [n for name, n in bad.items()
+               if name not in good or (good[name].op_type, list(good[name].input)) != (n.op_type, list(n.input))]
     removed = [n for name, n in good.items() if name not in bad]
     makes = set(guilty)
-    created = [n for n in created if makes & set(n.name.split("/")) or makes & set(CREATES.get(n.op_type, ()))] \
-        or created
+    real = [n for n in changed if not n.name.startswith(_INSERTED)] or changed
+    created = [n for n in real if makes & set(_named_in(n.name)) or makes & set(CREATES.get(n.op_type, ()))] \
+        or real
     out = []
     for node in created:
         boundary = set(node.input) | set(node.output)
@@ -178,7 +205,9 @@ def fused_nodes(bad_path: str | None, good_path: str | None, guilty: list[str]) 
                     values |= set(r.output) - set(node.input)
                     grown = True
         prefix = node.name.split("/")[0]
-        if prefix in good and prefix not in group:
+        if prefix != node.name and prefix in good and prefix not in group:
             group.insert(0, prefix)
+        if node.name in good and node.name not in group:
+            group.insert(0, node.name)  # kept its name: it replaced its former self too
         out.append(FusedNode(node.name, node.op_type, group))
     return out

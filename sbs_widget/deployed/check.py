@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 from sbs_widget.deployed.attribute import Attribution
-from sbs_widget.deployed.result import DeployedResult, output_errors, worse
+from sbs_widget.deployed.result import DeployedResult, output_errors, worse, wrong_as_written
 from sbs_widget.deployed.sessions import SessionFailed, Sessions
 from sbs_widget.deployed.settings import AS_WRITTEN, deployment
 from sbs_widget.engine.entry import prepare
 from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, program_outputs
+from sbs_widget.engine.reference import NoReference, program_reference
 from sbs_widget.engine.runtimes import exact_numpy
 from sbs_widget.errors import ModelMismatchError
 from sbs_widget.load.readers import load_inputs
@@ -60,7 +61,8 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     prepared = prepare(ep, onx)
     atol, rtol = prepared.tolerance(atol, rtol)
     setting = deployment(session_options, providers)
-    feeds, expected = _torch_side(prepared, args, kwargs)
+    feeds, expected, flat = _torch_side(prepared, args, kwargs)
+    references = _float64_outputs(prepared, flat)
     names = list(prepared.index.outputs)
     if len(expected) != len(names):
         raise ModelMismatchError(f"torch returned {len(expected)} outputs and the ONNX model has {len(names)} "
@@ -68,7 +70,7 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     sessions = Sessions(prepared.onnx_model, feeds, timeout)
     try:
         written_out, _ = sessions.run(AS_WRITTEN)
-        written = output_errors(names, expected, written_out, atol, rtol)
+        written = output_errors(names, expected, written_out, atol, rtol, references)
 
         def errors_of(s, save=False):
             """(errors, optimized model path) of one session; a failed session is infinitely far."""
@@ -76,12 +78,12 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
                 out, optimized = sessions.run(s, save_optimized=save)
             except SessionFailed as e:
                 return output_errors(names, expected, [np.full(1, np.nan)] * len(names), atol, rtol), None, str(e)
-            return output_errors(names, expected, out, atol, rtol), optimized, ""
+            return output_errors(names, expected, out, atol, rtol, references), optimized, ""
 
         deployed, deployed_model, failure = errors_of(setting, save=True)
         result = DeployedResult(verdict="same", deployed=setting.describe(), written_errors=written,
                                 deployed_errors=deployed, sessions=0, atol=atol, rtol=rtol)
-        if any(e.ratio > 1.0 for e in written):
+        if wrong_as_written(written):
             result.verdict = "export"
         elif worse(deployed, written):
             attribution = Attribution(setting, written, errors_of, deployed_model, failure, sessions.model_path)
@@ -94,7 +96,27 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     return result
 
 
-def _torch_side(prepared, args, kwargs) -> tuple[dict[str, np.ndarray], list[torch.Tensor]]:
+def _float64_outputs(prepared, flat: list):
+    """A callable giving the program's outputs run in float64 (computed once, on first need; a
+    program without a float64 counterpart gives no reference: then the tolerance rule alone judges)."""
+    cache: list = []
+
+    def references() -> list:
+        if not cache:
+            outputs = program_outputs(prepared.decomposed_ep)
+            names = [o.name if isinstance(o, torch.fx.Node) else None for o in outputs]
+            try:
+                values = program_reference(prepared.decomposed_ep, flat, prepared.fx_last_use,
+                                           [n for n in names if n])
+            except NoReference:
+                values = {}
+            cache.append([values.get(n) if n else None for n in names])
+        return cache[0]
+
+    return references
+
+
+def _torch_side(prepared, args, kwargs) -> tuple[dict[str, np.ndarray], list[torch.Tensor], list]:
     """The ONNX feeds (the program's tensor inputs, as the lockstep pairs them) and torch's outputs,
     flattened as the exporter flattens them (no None, no mutated buffers)."""
     args, kwargs = load_inputs(args, kwargs)
@@ -116,4 +138,4 @@ def _torch_side(prepared, args, kwargs) -> tuple[dict[str, np.ndarray], list[tor
         user = torch.export.graph_signature.OutputKind.USER_OUTPUT
         values = [v for v, spec in zip(values, specs) if spec.kind == user]
     tensors = [v for v in torch.utils._pytree.tree_leaves(values) if v is not None]
-    return feeds, tensors[:n] if len(tensors) >= n else tensors
+    return feeds, tensors[:n] if len(tensors) >= n else tensors, flat
