@@ -1,7 +1,8 @@
 """The widget's static fallback: plain HTML (no script, no style a host could strip) that pages
 rendering no widget show instead: nbconvert without widget state, nbviewer, GitHub.
 
-It is the state when the output was produced: the summary, the culprits and the worst pairs. Every
+It is the state when the output was produced: the as-deployed verdict (when checked), the summary, the
+culprits and the worst pairs. Every
 string from a model is escaped (a name may hold ``<script>``). A live view ignores it (hosts that
 render widgets prefer the widget's mimetype).
 """
@@ -36,9 +37,31 @@ def worst_records(records: list, n: int = WORST_ROWS) -> list:
     return sorted(compared, key=lambda r: (-SEVERITY.get(r.status, 0), -error_key(r.err_abs)))[:n]
 
 
+def deployed_html(state: dict | None) -> str:
+    """The as-deployed check (``SbsWidget.deployed``) as escaped HTML; "" when none ran."""
+    if not isinstance(state, dict) or not state.get("status"):
+        return ""
+    status = state.get("status")
+    if status == "error":
+        return f"<p><b>As deployed: the check failed</b>: {_e(state.get('message'))}</p>"
+    result = state.get("result") if isinstance(state.get("result"), dict) else None
+    if status != "done" or result is None:
+        return "<p><b>As deployed</b>: the check had not ended when this output was produced.</p>"
+    verdict = result.get("verdict") or "?"
+    parts = [f"<p><b>As deployed: {_e(verdict)}</b> (deployed as {_e(result.get('deployed') or '?')})"]
+    if verdict == "export":
+        parts.append(" the as-written model already differs from torch: use the lockstep below")
+    parts.append("</p>")
+    lines = [line for line in str(result.get("summary") or "").splitlines()[1:] if line.strip()]
+    if lines:
+        parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
+    return "".join(parts)
+
+
 def fallback_html(*, title: str, run_id: int, status: str, records: list, summary_lines: list[str],
-                  culprits: list[dict], atol: float, rtol: float, reset_names=()) -> str:
-    """The static fallback of a run (``status``: the widget's; ``culprits``: its culprit dicts)."""
+                  culprits: list[dict], atol: float, rtol: float, reset_names=(), deployed: dict | None = None) -> str:
+    """The static fallback of a run (``status``: the widget's; ``culprits``: its culprit dicts;
+    ``deployed``: the as-deployed check's state)."""
     head = f"sbs_widget{': ' + title if title else ''}"
     parts = [f"<div class=\"sbs-widget-fallback\"><p><b>{_e(head)}</b> (static copy: the interactive view needs a "
              "running kernel)</p>"]
@@ -46,6 +69,9 @@ def fallback_html(*, title: str, run_id: int, status: str, records: list, summar
     if reset_names:
         state += f", reset set: {', '.join(sorted(reset_names))}"
     parts.append(f"<p>{_e(state)}</p>")
+    banner = deployed_html(deployed)
+    if banner:
+        parts.append(banner)
     if status in ("running", "preparing", "idle"):
         parts.append("<p>The run had not ended when this output was produced. Display the widget after "
                      "<code>w.wait()</code>, or write <code>w.save_html(path)</code>, for a complete static copy.</p>")

@@ -69,13 +69,14 @@ def finished_run(records, *, atol: float, rtol: float, reset_names=()) -> Run:
 
 
 def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_names=(), fx_dot: str = "",
-               onnx_dot: str = "", prepared=None, message: str = "") -> dict:
-    """Everything a view shows of ``runs`` once the last one ended."""
+               onnx_dot: str = "", prepared=None, message: str = "", deployed: dict | None = None) -> dict:
+    """Everything a view shows of ``runs`` once the last one ended (``deployed``: the as-deployed check's
+    state, ``SbsWidget.deployed``)."""
     last = runs[-1]
     return {
         "title": title, "status": last.status, "message": message or last.error,
         "progress": progress_state(last, prepared, len(last.records)), "run_id": last.id,
         "runs_meta": [r.summary() for r in runs], "compare": compare_state(runs, atol, rtol),
         "columns": list(ROW_COLUMNS), "atol": atol, "rtol": rtol, "reset_names": sorted(reset_names),
-        "fx_dot": fx_dot, "onnx_dot": onnx_dot,
+        "fx_dot": fx_dot, "onnx_dot": onnx_dot, "deployed": dict(deployed or {}),
     }

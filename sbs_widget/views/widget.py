@@ -19,6 +19,7 @@ from sbs_widget.engine.cancel import check_time_limit
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
 from sbs_widget.errors import SbsError, SbsWidgetWarning
 from sbs_widget.records import to_dataframe
+from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
 from sbs_widget.views.rows import ROW_COLUMNS, encode_rows
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
 from sbs_widget.views.shared_rules import MESSAGES
@@ -80,14 +81,18 @@ class SbsWidget(anywidget.AnyWidget):
     # order (after the filters and the sort). Observable like any trait.
     selected_rows = traitlets.List(traitlets.Int()).tag(sync=True)
     view_rows = traitlets.List(traitlets.Int()).tag(sync=True)
+    # the as-deployed check (check_deployed, views/deployed_check.py): status, message, result
+    deployed = traitlets.Dict().tag(sync=True)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
-                 title: str = "", time_limit: float | None = None, **widget_kwargs):
+                 title: str = "", time_limit: float | None = None, deployed: bool | dict = False,
+                 **widget_kwargs):
         # None: the default for the precision the program computes in, known once it is prepared
         checked(atol, rtol)  # InputError for a bad one (a str or bool too, which the traits would coerce)
         self._default_tolerance = (atol is None, rtol is None)
         self.time_limit = check_time_limit(time_limit)
+        self._deployed_pending = setting_of(deployed)  # checked once the first run starts
         super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
                          title=title, **widget_kwargs)
         self._ep, self._onx = ep, onx
@@ -104,6 +109,7 @@ class SbsWidget(anywidget.AnyWidget):
         self._report_lock = threading.Lock()
         self._view_drawn = False  # a view has reported the rows on its screen (view_rows)
         self._to_export: dict | None = None  # from_module: the model and options, until exported
+        self._deployed_check = DeployedCheck(self)
         self.on_msg(self._on_msg)
         if autostart and ep is not None:
             self.rerun()
@@ -187,7 +193,8 @@ class SbsWidget(anywidget.AnyWidget):
         lines = summarize(records, self._prepared).lines() if records else []
         return fallback_html(title=self.title, run_id=self.run_id, status=self.status, records=records,
                              summary_lines=lines, culprits=list(self.culprits) if self.status == "done" else [],
-                             atol=self.atol, rtol=self.rtol, reset_names=self.reset_names)
+                             atol=self.atol, rtol=self.rtol, reset_names=self.reset_names,
+                             deployed=dict(self.deployed))
 
     # --- public API --------------------------------------------------------------------------
 
@@ -254,7 +261,29 @@ class SbsWidget(anywidget.AnyWidget):
             self.status = RUNNING if self._prepared is not None else "preparing"
             self.message = ""
             self._runner.begin()
+            if self._deployed_pending is not None:  # deployed=...: checked after the first run
+                setting, self._deployed_pending = self._deployed_pending, None
+                self._deployed_check.start(after=self._runner.join, **setting)
         return self
+
+    def check_deployed(self, session_options=None, providers=None, *, wait: bool = False) -> "SbsWidget":
+        """Run the whole ONNX model as written and as deployed (``sbs_widget.check_deployed``: the given
+        ``session_options`` and ``providers``, onnxruntime's defaults when None) in a background thread,
+        once the run in progress (if any) has ended; the view shows its verdict above the table. Returns at
+        once (``wait=True``: when the check has ended). The state is in ``w.deployed`` (status "running",
+        "done" or "error" with its message: an error never raises here), the result in
+        ``w.deployed_result``. A check already running is kept: one at a time."""
+        runner = self._runner
+        after = runner.join if runner is not None and not runner.ended.is_set() else None
+        self._deployed_check.start(session_options, providers, after=after)
+        if wait:
+            self._deployed_check.join()
+        return self
+
+    @property
+    def deployed_result(self):
+        """The ``DeployedResult`` of the last as-deployed check that ended well (None before)."""
+        return self._deployed_check.result
 
     def stop(self, timeout: float = 10.0) -> "SbsWidget":
         """End the current run at the next record; the records so far are kept (status "stopped").
@@ -288,7 +317,7 @@ class SbsWidget(anywidget.AnyWidget):
             raise SbsError("nothing to save yet: start a run first (w.rerun())")
         return write_html_report(runs, path, title=title or self.title or "sbs_widget report", atol=self.atol,
                                  rtol=self.rtol, reset_names=self.reset_names, fx_dot=self.fx_dot,
-                                 onnx_dot=self.onnx_dot, prepared=self._prepared)
+                                 onnx_dot=self.onnx_dot, prepared=self._prepared, deployed=dict(self.deployed))
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -387,6 +416,8 @@ class SbsWidget(anywidget.AnyWidget):
             self.rerun()
         elif kind == MESSAGES["stop"]:
             self.stop()
+        elif kind == CHECK_DEPLOYED:
+            self.check_deployed()
 
     def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
         if not 0 <= run_id < len(self._runs):
