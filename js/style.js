@@ -59,6 +59,24 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-compare { background: var(--sbs-bg2); border-radius: 3px; padding: 4px 8px; }
 .sbs-compare details { display: inline-block; margin-left: 8px; }
 .sbs-compare ul { margin: 2px 0 0; padding-left: 18px; max-height: 120px; overflow: auto; font-family: var(--sbs-mono); }
+/* the as-deployed banner (js/deployed.js): its left edge and verdict badge take the verdict's colour */
+.sbs-deployed { background: var(--sbs-bg2); border-radius: 3px; padding: 4px 8px; border-left: 4px solid var(--sbs-border);
+  display: flex; flex-direction: column; gap: 2px; }
+.sbs-deployed[data-state=running] { border-left-color: var(--sbs-accent); }
+.sbs-deployed[data-state=error], .sbs-deployed[data-level=bad] { border-left-color: var(--sbs-bad); }
+.sbs-deployed[data-level=ok] { border-left-color: var(--sbs-ok); }
+.sbs-deployed[data-level=warn] { border-left-color: var(--sbs-warn); }
+.sbs-deployed-head { display: flex; flex-wrap: wrap; align-items: center; gap: 4px 10px; }
+.sbs-deployed-verdict { display: inline-block; padding: 0 7px; border-radius: 9px; font-weight: 600; line-height: 18px;
+  border: 1px solid var(--sbs-border); white-space: nowrap; }
+.sbs-deployed-verdict[data-level=ok] { color: var(--sbs-ok); border-color: var(--sbs-ok); }
+.sbs-deployed-verdict[data-level=warn] { color: var(--sbs-warn); border-color: var(--sbs-warn); }
+.sbs-deployed-verdict[data-level=bad] { color: var(--sbs-bad); border-color: var(--sbs-bad); }
+.sbs-deployed-hint { color: var(--sbs-warn); }
+.sbs-deployed[data-level=ok] .sbs-deployed-hint { color: var(--sbs-fg2); }
+.sbs-deployed-cause, .sbs-deployed-fused li { font-family: var(--sbs-mono); overflow-wrap: anywhere; }
+.sbs-deployed-fused ul { margin: 0; padding-left: 18px; max-height: 96px; overflow: auto; }
+.sbs-deployed-summary pre { margin: 2px 0 0; font-family: var(--sbs-mono); font-size: 11px; white-space: pre-wrap; overflow-wrap: anywhere; }
 .sbs-main { display: flex; gap: 6px; min-height: 0; align-items: stretch; }
 .sbs-table { flex: 1 1 auto; min-width: 0; border: 1px solid var(--sbs-border); border-radius: 3px; }
 .sbs-scroll { height: ${VIEW_HEIGHT + ROW_HEIGHT + 2}px; overflow: auto; position: relative; outline: none; }

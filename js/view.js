@@ -16,6 +16,7 @@ import { createProgress } from "./progress.js";
 import { renderCompare } from "./compare.js";
 import { createResetPanel } from "./reset.js";
 import { createCulpritsPanel } from "./culprits.js";
+import { CHECK_DEPLOYED, createDeployedBanner } from "./deployed.js";
 import { toCSV } from "./csv.js";
 import { detectHost } from "./theme.js";
 
@@ -128,14 +129,17 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const culprits = createCulpritsPanel({
     onSelect: (i) => { if (shown !== model.get("run_id")) showRun(model.get("run_id")); select(i, true); },
   });
+  // the as-deployed verdict (issue 33) above the table; its button in the toolbar until a check ran
+  const deployed = createDeployedBanner({ onCheck: () => model.send({ type: CHECK_DEPLOYED }) });
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
   const root = h("div", { class: "sbs-root", "data-host": detectHost(el.ownerDocument) || null },
     h("style", { text: CSS }),
-    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [stopBtn, rerunBtn] : null),
+    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [deployed.button, stopBtn, rerunBtn] : null),
     h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
     prog.message,
+    deployed.el,
     h("div", { class: "sbs-bar" },
       search, h("label", {}, beyond, "only beyond tolerance"),
       h("label", { title: "hide the pairs whose difference is rounding: onnxruntime about as close to a float64 reference as torch (status noise, and reset pairs that were noise)" }, hideNoise, "hide noise"),
@@ -337,6 +341,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
   on("change:culprits", () => culprits.update(model.get("culprits")));
+  on("change:deployed", () => deployed.update(model.get("deployed"), live));
   on("change:selected_rows", adoptSelection);
   on("change:title", () => { title.textContent = visible(model.get("title") || "sbs_widget"); });
 
@@ -372,6 +377,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   updateRuns();
   renderCompare(compareEl, model.get("compare"), meta());
   culprits.update(model.get("culprits"));
+  deployed.update(model.get("deployed"), live);
   updateStatus();
   refresh();
   request(shown);
