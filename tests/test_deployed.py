@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import onnxruntime
 import pytest
@@ -14,7 +16,7 @@ from sbs_widget.cli.main import main
 from sbs_widget.deployed.attribute import smallest
 from sbs_widget.deployed.settings import deployment, parse_config
 from sbs_widget.errors import InputError, SbsError
-from tests.engine_models import export_module, exported
+from tests.engine_models import export_module, exported, node_named
 
 DENORMAL = "session.set_denormal_as_zero"
 
@@ -51,8 +53,10 @@ def test_denormal_as_zero_is_a_session_option(denormal):
     assert result.cause.config == [(DENORMAL, "1")]
     assert max(e.ratio for e in result.deployed_errors) > 100  # ~0.1 flushed to 0
     assert max(e.ratio for e in result.written_errors) == 0
-    # as written + as deployed + steps: without the entries, then one bisection step and its check
-    assert result.sessions == len(result.steps) + 2 <= 5
+    # as written + as deployed + steps: without the entries, one bisection step and its check, and
+    # the localization (the deployed graph with its surviving values as outputs)
+    assert result.sessions == len(result.steps) + 2 <= 6
+    assert result.located.op_type == "Mul" and result.located.ratio > 100  # ~1e-39 * 1e38 flushed to 0
 
 
 def test_denormal_read_from_session_options(denormal):
@@ -63,7 +67,7 @@ def test_denormal_read_from_session_options(denormal):
     result = sbs_widget.check_deployed(ep, onx, args, session_options=opts)
     assert result.verdict == "session-option"
     assert result.cause.config == [(DENORMAL, "1")]
-    assert result.sessions == 3  # one entry: removing it is the only step
+    assert result.sessions == 4  # one entry: removing it is the only step; then the localization
 
 
 def test_denormal_entry_off_is_same(denormal):
@@ -117,7 +121,59 @@ def test_cli_names_the_config_entry(denormal, tmp_path, capsys):
     assert main(["deployed", *files, "--config", f"{DENORMAL}=1", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "session-option" and data["cause"]["config"] == [[DENORMAL, "1"]]
-    assert data["sessions"] == 3
+    assert data["sessions"] == 4 and data["located"]["op_type"] == "Mul"
     assert main(["deployed", *files, "--opt-level", "extended"]) == 0
     out = capsys.readouterr().out
     assert "verdict: same" in out and "sessions: 2" in out
+
+
+class ConvBN(torch.nn.Module):
+    """A float16 conv net whose BatchNormalization has near-dead channels (running_var 1e-4) after a
+    conv with large weights: folding the BN's scale into the float16 weights (ConvBNFusion) overflows
+    them to inf, while the conv and the BN computed one after the other stay finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.c(x)))
+
+
+@pytest.fixture(scope="module")
+def conv_bn_fp16():
+    torch.manual_seed(0)
+    model = ConvBN().eval()
+    with torch.no_grad():
+        model.c.weight.mul_(4000.0)
+        model.bn.running_var.fill_(1e-4)
+        model.bn.running_mean.normal_()
+        model.bn.weight.fill_(2.0)
+    model = model.half()
+    x = torch.rand(1, 4, 8, 8).half() * 0.01
+    ep, prog = export_module(model, (x,))
+    return ep, prog.model_proto, (x,)
+
+
+def test_conv_bn_fusion_in_float16_is_the_optimizer(conv_bn_fp16, tmp_path):
+    ep, onx, args = conv_bn_fp16
+    result = sbs_widget.check_deployed(ep, onx, args, repro=tmp_path / "repro")
+    assert result.verdict == "optimizer", result.summary()
+    # as written: beyond the float16 tolerance by rounding only, which is not called an export fault
+    assert result.written_errors[0].ratio > 1 and result.written_errors[0].noise is True
+    assert result.deployed_errors[0].noise is False
+    assert result.cause.level == "ORT_ENABLE_BASIC" and result.cause.transformers == ["ConvBNFusion"]
+    bn = node_named(onx, "BatchNormalization", 0).name
+    conv = node_named(onx, "Conv", 0)
+    assert [f.op_type for f in result.fused] == ["Conv"] and bn in result.fused[0].replaced
+    # where it starts: the BN's value, computed in the deployed graph by the Conv that absorbed it
+    located = result.located
+    assert located.op_type == "Conv" and located.node == conv.name
+    assert located.value == node_named(onx, "BatchNormalization", 0).output[0]
+    assert "ConvBnFusion_W" in located.note  # the weights the optimizer made
+    assert result.sessions == len(result.steps) + 2 <= 8
+    replay = subprocess.run([sys.executable, os.path.join(result.repro, "replay.py")], capture_output=True,
+                            text=True, timeout=120)
+    lines = replay.stdout.splitlines()
+    assert replay.returncode == 0 and "= inf" in lines[2] and lines[3].endswith("= 0"), replay.stdout

@@ -2,7 +2,8 @@
 the optimizer, config entry or provider named when the deployed run is worse.
 
     python -m sbs_widget deployed --ep model.pt2 --onnx model.onnx --inputs inputs.pt \
-        [--opt-level disable|basic|extended|layout|all] [--provider NAME ...] [--config KEY=VALUE ...] [--json]
+        [--opt-level disable|basic|extended|layout|all] [--provider NAME ...] [--config KEY=VALUE ...]
+        [--repro DIR] [--json]
 
 Exits with 0 when the verdict is ``same``, 1 otherwise (``export``: the model as written already differs).
 """
@@ -29,6 +30,9 @@ def register_cli(sub) -> None:
     p.add_argument("--provider", action="append", default=[], metavar="NAME",
                    help="an execution provider of the deployment, e.g. CUDAExecutionProvider (default: CPU)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="most seconds one session may take")
+    p.add_argument("--repro", default=None, metavar="DIR",
+                   help="when the deployment is at fault: write the subgraph as written where the difference "
+                        "starts, its inputs and a replay.py showing both settings into DIR")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_deployed)
 
@@ -40,7 +44,8 @@ def _deployed(args) -> int:
 
     options = {"level": args.opt_level, "config": parse_config(args.config)}
     result = check_deployed(args.ep, args.onnx, args.inputs, session_options=options,
-                            providers=args.provider or None, atol=args.atol, rtol=args.rtol, timeout=args.timeout)
+                            providers=args.provider or None, atol=args.atol, rtol=args.rtol, timeout=args.timeout,
+                            repro=args.repro)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1, default=float))  # ensure_ascii escapes control characters
     else:

@@ -11,7 +11,7 @@ from typing import Callable
 import onnx
 
 from sbs_widget.deployed.result import Cause, FusedNode, Step, worse, worst
-from sbs_widget.deployed.settings import CPU, CREATES, LEVELS, NOT_COMPUTING, TRANSFORMERS, Setting
+from sbs_widget.deployed.settings import CPU, CREATES, INSERTED, LEVELS, NOT_COMPUTING, TRANSFORMERS, Setting
 
 _KNOWN = {name for names in TRANSFORMERS.values() for name in names}
 _LOOKS_LIKE = re.compile(r"^[A-Z][A-Za-z0-9]*(Fusion|Transformer|Elimination|Folding|Remover)(L[12])?$")
@@ -30,6 +30,9 @@ class Attribution:
         self.models: dict[Setting, str | None] = {setting: deployed_model}
         self._known: dict[Setting, bool] = {setting: True}
         self.failure = failure
+        # the setting whose optimized graph shows the cause with the fewest other fusions (the guilty
+        # level, for an optimizer): where ``locate`` looks
+        self.guilty_setting: Setting = setting
 
     def differs(self, what: str, s: Setting) -> bool:
         """One step (memoized: a setting already run is not run again)."""
@@ -40,6 +43,10 @@ class Attribution:
             self.steps.append(Step(what, s.describe() + (f" (failed: {failure})" if failure else ""),
                                    self._known[s], worst(errors)))
         return self._known[s]
+
+    @property
+    def guilty_model(self) -> str | None:
+        return self.models.get(self.guilty_setting)
 
     def run(self, localize: bool = True) -> tuple[Cause, list[Step], list[FusedNode]]:
         s = self.setting
@@ -83,6 +90,7 @@ class Attribution:
                 lo = mid
         level = LEVELS[hi]
         at_level = dataclasses.replace(s, level=level)
+        self.guilty_setting = at_level
         self.differs(f"level {level}", at_level)  # known unless hi == top: then memoized
         below = self.original if lo == 0 else self.models.get(dataclasses.replace(s, level=LEVELS[lo]))
         candidates, shown = self._candidates(lo, hi, self.models.get(at_level), below)
@@ -173,10 +181,6 @@ def _graph(path: str | None) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {n.name: (n.op_type, tuple(n.input)) for n in model.graph.node}
 
 
-# Casts onnxruntime inserts around nodes its provider runs in another type: bookkeeping, not fusions.
-_INSERTED = ("InsertedPrecisionFreeCast_",)
-
-
 def fused_nodes(bad_path: str | None, good_path: str | None, guilty: list[str]) -> list[FusedNode]:
     """The nodes the guilty transformers made (present with them on and absent with them off, or
     kept under their name with other inputs or another op, as a Conv that absorbed a BatchNormalization),
@@ -189,7 +193,7 @@ def fused_nodes(bad_path: str | None, good_path: str | None, guilty: list[str]) 
                if name not in good or (good[name].op_type, list(good[name].input)) != (n.op_type, list(n.input))]
     removed = [n for name, n in good.items() if name not in bad]
     makes = set(guilty)
-    real = [n for n in changed if not n.name.startswith(_INSERTED)] or changed
+    real = [n for n in changed if not n.name.startswith(INSERTED)] or changed
     created = [n for n in real if makes & set(_named_in(n.name)) or makes & set(CREATES.get(n.op_type, ()))] \
         or real
     out = []

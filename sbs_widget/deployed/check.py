@@ -26,11 +26,13 @@ import numpy as np
 import torch
 
 from sbs_widget.deployed.attribute import Attribution
-from sbs_widget.deployed.result import DeployedResult, output_errors, worse, wrong_as_written
+from sbs_widget.deployed.locate import locate
+from sbs_widget.deployed.repro import write_repro
+from sbs_widget.deployed.result import DeployedResult, Step, output_errors, worse, wrong_as_written
 from sbs_widget.deployed.sessions import SessionFailed, Sessions
 from sbs_widget.deployed.settings import AS_WRITTEN, deployment
 from sbs_widget.engine.entry import prepare
-from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, program_outputs
+from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, program_outputs, torch_values
 from sbs_widget.engine.reference import NoReference, program_reference
 from sbs_widget.engine.runtimes import exact_numpy
 from sbs_widget.errors import ModelMismatchError
@@ -39,7 +41,7 @@ from sbs_widget.load.readers import load_inputs
 
 def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, providers=None,
                    atol: float | None = None, rtol: float | None = None, localize: bool = True,
-                   timeout: float | None = None) -> DeployedResult:
+                   timeout: float | None = None, repro=None) -> DeployedResult:
     """Run the whole ONNX model as written and as deployed, compare both with torch, and name what
     makes the deployed run worse.
 
@@ -51,6 +53,8 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     - ``atol``/``rtol``: the lockstep's defaults for the program's precision when None.
     - ``localize``: name the nodes the guilty transformer created (reads the optimized graphs).
     - ``timeout``: seconds one session may take.
+    - ``repro``: a folder; when the deployment is at fault and the start is located, a repro bundle is
+      written there (``repro.py``: the subgraph as written, its inputs, ``replay.py``).
 
     Verdicts: ``same`` (the deployed run is not farther from torch than the rule in ``result.RULE``
     allows), ``export`` (the as-written run is already beyond tolerance: use ``run_aligned``),
@@ -89,11 +93,38 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
             attribution = Attribution(setting, written, errors_of, deployed_model, failure, sessions.model_path)
             result.cause, result.steps, result.fused = attribution.run(localize)
             result.verdict = result.cause.kind
+            if localize and result.verdict != "provider":
+                values = _locate(result, sessions, attribution.guilty_setting, attribution.guilty_model,
+                                 prepared, args, kwargs, flat, atol, rtol)
+                if repro is not None and result.located is not None and result.located.value is not None:
+                    result.repro = write_repro(repro, prepared.onnx_model, result.located.value, {**feeds, **values},
+                                               attribution.guilty_setting, result.cause.transformers)
         result.sessions = sessions.count
     finally:
         sessions.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _locate(result, sessions, setting, deployed_model, prepared, args, kwargs, flat, atol, rtol) -> dict:
+    """Fill ``result.located``: one more session, counted as a step; returns the surviving values as
+    deployed, by their names as written."""
+    def torch_of(names):
+        return torch_values(prepared, args, kwargs, names)
+
+    def references_of(names):
+        try:
+            return program_reference(prepared.decomposed_ep, flat, prepared.fx_last_use, names)
+        except NoReference:
+            return {}
+
+    located, values = locate(sessions, setting, deployed_model, prepared.onnx_model, prepared.alignment.onnx_to_fx,
+                        torch_of, references_of, atol, rtol)
+    if located is not None:
+        result.located = located
+        result.steps.append(Step(f"localize: the deployed graph with its {located.survivors} surviving values as "
+                                 "outputs", setting.describe(), located.value is not None, located.ratio))
+    return values
 
 
 def _float64_outputs(prepared, flat: list):

@@ -56,6 +56,28 @@ class FusedNode:
 
 
 @dataclasses.dataclass
+class Location:
+    """Where in the deployed graph the difference starts (``locate.py``)."""
+
+    value: str | None  # the first surviving value beyond tolerance and rounding (ONNX name as written)
+    fx_name: str | None  # its FX twin
+    node: str | None  # the deployed graph's node computing it
+    op_type: str | None
+    ratio: float  # its error against torch, in tolerances
+    inputs: list[str]  # that node's inputs in the deployed graph
+    survivors: int  # values as written that the deployed graph still computes (and were compared)
+    vanished: int  # values with an FX twin that the deployed graph no longer computes
+    vanished_names: list[str]  # the first of them
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.value is None:
+            return self.note
+        return (f"{self.value} (FX {self.fx_name}), computed by {self.op_type} '{self.node}' in the deployed graph: "
+                f"{self.note}; {self.survivors} surviving values compared, {self.vanished} vanished into fused nodes")
+
+
+@dataclasses.dataclass
 class Cause:
     kind: str  # one of VERDICTS past "same"
     level: str | None = None  # first optimization level showing the difference
@@ -86,6 +108,8 @@ class DeployedResult:
     cause: Cause | None = None
     steps: list[Step] = dataclasses.field(default_factory=list)
     fused: list[FusedNode] = dataclasses.field(default_factory=list)
+    located: Location | None = None
+    repro: str | None = None  # the folder of the repro bundle, when one was written
     atol: float = 0.0
     rtol: float = 0.0
     seconds: float = 0.0
@@ -104,6 +128,10 @@ class DeployedResult:
             lines.append(f"cause: {self.cause.describe()}")
         for f in self.fused[:10]:
             lines.append(f"fused node {f.name} ({f.op_type}) replaced {', '.join(f.replaced) or '?'}")
+        if self.located is not None:
+            lines.append(f"starts at: {self.located.describe()}")
+        if self.repro:
+            lines.append(f"repro: {self.repro} (python {self.repro}/replay.py)")
         lines.append(f"sessions: {self.sessions} whole-model sessions ({len(self.steps)} attribution steps), "
                      f"{self.seconds:.1f} s; atol={self.atol:g}, rtol={self.rtol:g}")
         return "\n".join(lines)
@@ -122,11 +150,11 @@ def output_errors(names: list[str], expected: list[torch.Tensor], got: list[np.n
         exact = references()
         for i, e in enumerate(errors):
             if e.ratio > 1.0 and i < len(exact) and exact[i] is not None:
-                e.noise = _rounding(expected[i], got[i], exact[i])
+                e.noise = rounding(expected[i], got[i], exact[i])
     return errors
 
 
-def _rounding(t: torch.Tensor, a: np.ndarray, exact: torch.Tensor) -> bool | None:
+def rounding(t: torch.Tensor, a: np.ndarray, exact: torch.Tensor) -> bool | None:
     """Whether ``a`` is as close to ``exact`` as torch's ``t`` is, by the lockstep's rule."""
     if not t.dtype.is_floating_point or tuple(a.shape) != tuple(t.shape) or a.dtype.kind == "V":
         return None

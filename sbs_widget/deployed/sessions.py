@@ -49,14 +49,17 @@ class Sessions:
         self.timeout = timeout
         self.count = 0
 
-    def run(self, setting: Setting, *, save_optimized: bool = False) -> tuple[list[np.ndarray], str | None]:
-        """The outputs of one session built with ``setting``, and the path of its optimized model
-        when asked for. Raises ``SessionFailed`` with onnxruntime's message."""
+    def run(self, setting: Setting, *, save_optimized: bool = False,
+            model_path: str | None = None) -> tuple[list[np.ndarray], str | None]:
+        """The outputs of one session built with ``setting`` (on the model as written, or on
+        ``model_path``), and the path of its optimized model when asked for. Raises ``SessionFailed``
+        with onnxruntime's message."""
         self.count += 1
         n = self.count
         out = os.path.join(self.folder, f"out{n}.npz")
         optimized = os.path.join(self.folder, f"optimized{n}.onnx") if save_optimized else None
-        spec = {"model": self.model_path, "feeds": self.feeds_path, "feed_types": self.feed_types, "out": out,
+        spec = {"model": model_path or self.model_path, "feeds": self.feeds_path, "feed_types": self.feed_types,
+                "out": out,
                 "level": setting.level, "config": dict(setting.config), "providers": list(setting.providers),
                 "disabled": list(setting.disabled), "attributes": dict(setting.attributes), "optimized": optimized}
         spec_path = os.path.join(self.folder, f"spec{n}.json")

@@ -81,6 +81,9 @@ class Setting:
 
 AS_WRITTEN = Setting(level="ORT_DISABLE_ALL")
 
+# Casts onnxruntime inserts around nodes its provider runs in another type: bookkeeping, not fusions.
+INSERTED = "InsertedPrecisionFreeCast_"
+
 # Session attributes copied from a user's SessionOptions (the rest do not change values).
 _ATTRIBUTES = ("intra_op_num_threads", "inter_op_num_threads", "execution_mode", "use_deterministic_compute")
 # Config entries probed on a SessionOptions: onnxruntime has no way to list the ones set.
