@@ -122,10 +122,10 @@ export function createDeployedBanner({ onCheck }) {
         el.append(line("sbs-message", d.message));
         return;
       }
-      head.append(
+      head.append(...[
         h("span", { class: "sbs-deployed-verdict", "data-verdict": d.verdict, "data-level": d.level, text: d.verdict }),
         d.setting ? h("span", { class: "sbs-muted", text: `deployed as ${d.setting}` }) : null,
-        d.hint ? h("span", { class: "sbs-deployed-hint", text: d.hint }) : null);
+        d.hint ? h("span", { class: "sbs-deployed-hint", text: d.hint }) : null].filter(Boolean));
       if (d.cause) el.append(line("sbs-deployed-cause", h("span", { class: "sbs-muted", text: "cause: " }), h("span", { text: d.cause })));
       if (d.fused.length) {
         el.append(line("sbs-deployed-fused", h("span", { class: "sbs-muted", text: "fused nodes: " }),

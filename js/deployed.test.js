@@ -68,6 +68,7 @@ test("banner: verdict, cause, fused nodes, errors, as text only; the button unti
     ...Array.from({ length: 14 }, (_, k) => ({ name: `f${k}`, op_type: "X", replaced: [] }))];
   b.update(hostile, true);
   assert.equal(b.el.dataset.level, "bad");
+  assert.ok(!b.el.textContent.includes("null"), "no hint: nothing printed for it");
   assert.equal(b.el.querySelector(".sbs-deployed-verdict").textContent, "optimizer");
   assert.equal(b.el.querySelector("img"), null, "model strings are text, never HTML");
   assert.equal(b.el.querySelector("b b, li b"), null);

@@ -62,6 +62,7 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 /* the as-deployed banner (js/deployed.js): its left edge and verdict badge take the verdict's colour */
 .sbs-deployed { background: var(--sbs-bg2); border-radius: 3px; padding: 4px 8px; border-left: 4px solid var(--sbs-border);
   display: flex; flex-direction: column; gap: 2px; }
+.sbs-deployed[hidden] { display: none; }
 .sbs-deployed[data-state=running] { border-left-color: var(--sbs-accent); }
 .sbs-deployed[data-state=error], .sbs-deployed[data-level=bad] { border-left-color: var(--sbs-bad); }
 .sbs-deployed[data-level=ok] { border-left-color: var(--sbs-ok); }
