@@ -9,6 +9,7 @@ from sbs_widget.blame.culprits import Culprit, culprits, find_culprits
 from sbs_widget.blame.repro import ReproBundle, export_repro
 from sbs_widget.blame.resets import ResetSuggestion, suggest_resets
 from sbs_widget.deployed.check import check_deployed
+from sbs_widget.deployed.runtime import DeployedRuntime
 from sbs_widget.dumps.compare import compare_dump
 from sbs_widget.dumps.steal import ForwardStealer, load_dump, steal_forward
 from sbs_widget.engine.entry import Prepared, prepare, run_aligned
@@ -51,6 +52,7 @@ __all__ = [
     "SbsWidgetWarning",
     "ToleranceExceeded",
     "check_deployed",
+    "DeployedRuntime",
     "compare_dump",
     "culprits",
     "dummy_llm",

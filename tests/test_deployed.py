@@ -177,3 +177,24 @@ def test_conv_bn_fusion_in_float16_is_the_optimizer(conv_bn_fp16, tmp_path):
                             text=True, timeout=120)
     lines = replay.stdout.splitlines()
     assert replay.returncode == 0 and "= inf" in lines[2] and lines[3].endswith("= 0"), replay.stdout
+
+
+def test_the_lockstep_as_deployed_says_what_vanished(conv_bn_fp16):
+    """run_aligned with a DeployedRuntime: segments built at the deployed level with their weights in
+    (a weight fed as an input is no constant to fold), the values the deployed graph no longer
+    computes reported one-sided with the fused node, the rest compared as deployed."""
+    ep, onx, args = conv_bn_fp16
+    conv = node_named(onx, "Conv", 0)
+    bn_value = node_named(onx, "BatchNormalization", 0).output[0]
+    plain = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, onx, args) if r.kind == "node"}
+    assert plain[bn_value].status == "noise" and not plain[bn_value].err_nan
+    runtime = sbs_widget.DeployedRuntime({"level": "basic"})
+    deployed = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, onx, args, runtime=runtime) if r.kind == "node"}
+    vanished = deployed[conv.output[0]]
+    assert vanished.status == "one-sided" and f"fused into Conv '{conv.name}'" in vanished.comment
+    assert "ORT_ENABLE_BASIC" in vanished.comment
+    assert deployed[bn_value].status == "mismatch" and deployed[bn_value].err_nan > 0  # inf weights
+    # without the guilty fusion the lockstep as deployed agrees again
+    fixed = sbs_widget.DeployedRuntime({"level": "basic", "disabled": ["ConvBNFusion"]})
+    again = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, onx, args, runtime=fixed) if r.kind == "node"}
+    assert again[bn_value].status in ("ok", "noise") and again[conv.output[0]].status in ("ok", "noise")

@@ -1,15 +1,17 @@
-"""Inside a translation with two computing nodes: which one differs, told by a finer torch reference.
+"""Inside a translation: which of its ONNX nodes (or constants) differs, told by a finer torch reference.
 
-When a group of ONNX nodes recomputing one FX value differs on torch's inputs and holds more than one
-computing node (SiLU as Sigmoid then Mul), the FX node alone cannot say which. torch's own
-decomposition of the FX node (``torch._decomp``: silu -> sigmoid, mul) is a finer program: run on
-the same torch inputs, its values are references for the inside of the translation. ONNX nodes are
-paired with its nodes by structure only: the op kind (``_KINDS``) and the data flow from the shared
-inputs (an ONNX input is the group's anchor standing for an FX argument, or the output of an already
-paired node; constants match any literal). The first paired node whose value differs from its
-reference, beyond tolerance and beyond rounding (``engine/noise.py``'s rule, against the same
-decomposition run in float64), while its inputs agree is where the difference starts. Nothing is paired by name or by
-value; whatever cannot be paired stays unjudged and the culprit is left as it was.
+When a group of ONNX nodes recomputing one FX value differs on torch's inputs and holds computing nodes
+besides the compared one (SiLU as Sigmoid then Mul; attention as ~10 nodes), the FX node alone cannot
+say which. A finer program for the FX node (``blame/references.py``: attention's math definition,
+softmax as torch writes it, torch's own decomposition) run on the same torch inputs gives references
+for the inside of the translation. ONNX nodes are paired with its nodes by structure only
+(``blame/flow.py``: op kinds and the data flow from the shared inputs, carriers and constants read the
+same way on both sides). The first paired node whose value differs from its reference, beyond tolerance
+and beyond rounding (``engine/noise.py``'s rule, against the same reference run in float64), while its
+inputs agree is where the difference starts; when the constants it reads (a scale, a fill value, a
+folded mask) differ from the ones the reference reads at the same place, the constant is named instead
+("0.375 where torch's math definition of attention uses 0.25"). Nothing is paired by name or by value;
+whatever cannot be paired stays unjudged and the culprit is left as it was.
 """
 
 from __future__ import annotations
@@ -18,53 +20,12 @@ import numpy as np
 import onnx
 import torch
 
+from sbs_widget.blame.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
+from sbs_widget.blame.references import reference_program
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import upcast
 
-# ONNX op -> the aten ops (overload packet names) computing the same thing
-_KINDS = {
-    "Sigmoid": {"sigmoid"}, "Tanh": {"tanh"}, "Mul": {"mul"}, "Add": {"add"}, "Sub": {"sub", "rsub"},
-    "Div": {"div"}, "Exp": {"exp"}, "Log": {"log"}, "Erf": {"erf"}, "Sqrt": {"sqrt"}, "Reciprocal": {"reciprocal"},
-    "Pow": {"pow"}, "Neg": {"neg"}, "Abs": {"abs"}, "Relu": {"relu"}, "Softmax": {"_softmax", "softmax"},
-    "MatMul": {"mm", "bmm", "matmul"}, "ReduceMean": {"mean"}, "ReduceSum": {"sum"}, "Where": {"where"},
-    "Cos": {"cos"}, "Sin": {"sin"}, "Rsqrt": {"rsqrt"},
-}
-
-
-_CONVERSIONS = {"_to_copy", "to", "convert_element_type", "clone", "alias"}
-
-
-def _op_name(f: torch.fx.Node) -> str:
-    """The aten op of a finer node without namespace or overload (``sigmoid``)."""
-    return getattr(getattr(f.target, "overloadpacket", None), "__name__", "")
-
-
-def _reference_program(node: torch.fx.Node, values: dict):
-    """(finer graph module, its placeholder -> FX argument name, the argument tensors) from torch's
-    decomposition of ``node`` on its torch argument values, or None."""
-    from torch._decomp import core_aten_decompositions, decomposition_table
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    table = {**decomposition_table, **core_aten_decompositions()}
-    fn = table.get(node.target)
-    if fn is None or node.kwargs:
-        return None
-    names, tensors = [], []
-    for a in node.args:
-        if isinstance(a, torch.fx.Node):
-            if not isinstance(values.get(a.name), torch.Tensor):
-                return None
-            names.append(a.name)
-            tensors.append(values[a.name])
-
-    def call(*ts):
-        it = iter(ts)
-        args = [next(it) if isinstance(a, torch.fx.Node) else a for a in node.args]
-        return fn(*args)
-
-    gm = make_fx(call)(*tensors)  # one level: the ops the decomposition calls stay whole
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    return gm, dict(zip(placeholders, names)), tensors
+_COMPARED = 4  # how many constants a node may read for them to be compared one by one
 
 
 def _run(gm, tensors) -> dict:
@@ -81,110 +42,172 @@ def _run(gm, tensors) -> dict:
     return values
 
 
-def _pair(group_nodes, anchors_fx: dict, gm, placeholder_fx: dict) -> dict:
-    """ONNX output value -> finer FX node name, by data flow from the shared inputs, in passes until
-    nothing more pairs: first nodes of the same kind (``_KINDS``), then a node whose inputs match
-    exactly one finer node's (its kind may differ: that is what the difference is)."""
-    by_arg = {fx: ph for ph, fx in placeholder_fx.items()}  # FX arg name -> finer placeholder
-    paired: dict[str, str] = {}
-    used: set[str] = set()
-    # A conversion of dtype (a float16 program's decomposition computing in float32) carries the value
-    # it converts: it stands for its input in the data flow, and is never paired itself.
-    same: dict[str, str] = {}
-    for f in gm.graph.nodes:
-        if f.op == "call_function" and _op_name(f) in _CONVERSIONS and f.all_input_nodes:
-            src = f.all_input_nodes[0].name
-            same[f.name] = same.get(src, src)
-    finer = [n for n in gm.graph.nodes if n.op == "call_function" and n.name not in same]
+def _as_array(x, shape=None):
+    a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if a.dtype == bool:
+        return a.reshape(shape) if shape is not None else a
+    a = a.astype(np.float64)
+    return a.reshape(shape) if shape is not None else a
 
-    def reads(f) -> list[str]:
-        return sorted(same.get(m.name, m.name) for m in f.all_input_nodes)
 
-    def sources(node):
-        """The finer names its non-constant inputs stand for, or None if one is not known yet."""
-        out = []
-        for x in node.input:
-            if x in anchors_fx:
-                if anchors_fx[x] not in by_arg:
-                    return None
-                out.append(by_arg[anchors_fx[x]])
-            elif x in paired:
-                out.append(paired[x])
-            elif x in producers:
-                return None  # computed by a node not paired (yet)
-        return sorted(out)
+def _saturate(a: np.ndarray, dtype) -> np.ndarray:
+    """-inf and the lowest finite number both mean 'masked': compared as the same."""
+    big = float(np.finfo(dtype).max) if np.dtype(dtype).kind == "f" else np.inf
+    return np.clip(a, -big, big) if a.dtype.kind == "f" else a
 
-    producers = {o for n in group_nodes if n.op_type != "Constant" for o in n.output}
-    changed = True
-    while changed:
-        changed = False
-        for same_kind in (True, False):
-            for node in group_nodes:
-                if not node.output or node.output[0] in paired or node.op_type == "Constant":
-                    continue
-                wanted = sources(node)
-                if wanted is None:
-                    continue
-                kinds = _KINDS.get(node.op_type, set())
-                fits = [f for f in finer if f.name not in used and reads(f) == wanted
-                        and (not same_kind or _op_name(f) in kinds)]
-                if len(fits) == 1 or (same_kind and fits):
-                    paired[node.output[0]] = fits[0].name
-                    used.add(fits[0].name)
-                    changed = True
-            if changed:
-                break
-    return paired
+
+def _beyond(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float, dtype) -> np.ndarray:
+    """Elements of ``got`` beyond tolerance of ``expected`` (booleans: any difference)."""
+    if got.dtype == bool or expected.dtype == bool:
+        return got.astype(bool) != expected.astype(bool)
+    g, e = _saturate(got, dtype), _saturate(expected, dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - e)
+        same_nan = np.isnan(g) & np.isnan(e)
+        return ~same_nan & ~(diff <= atol + rtol * np.abs(e))
+
+
+def _fx_constants(f, flow, finer: dict, paired_fx: set) -> list:
+    """The constants a finer node reads, in argument order: literal scalars and constant nodes that no
+    ONNX node is paired with."""
+    schema = getattr(f.target, "_schema", None)
+    types = [str(a.type) for a in schema.arguments] if schema is not None else []
+    out = []
+    for i, a in enumerate(f.args):
+        if isinstance(a, torch.fx.Node):
+            r = flow.resolve(a.name)
+            if r in flow.const and r not in paired_fx and isinstance(finer.get(a.name), torch.Tensor):
+                out.append(finer[a.name])
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and i < len(types) and \
+                types[i].split("?")[0] in ("Scalar", "Tensor"):
+            out.append(a)
+    return out
+
+
+def _what_differs(n, f, rank: int) -> str:
+    """What the ONNX node does differently from its finer twin, where its attributes say it."""
+    if op_name(f) not in KINDS.get(n.op_type, set()):
+        return f"; the reference computes {op_name(f)!r} there"
+    if n.op_type in ("Softmax", "LogSoftmax") and len(f.args) > 1 and isinstance(f.args[1], int):
+        axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        dim = f.args[1]
+        if rank and axis % rank != dim % rank:
+            return f"; {n.op_type} over axis {axis} where the reference normalizes axis {dim}"
+    return ""
 
 
 def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: float):
-    """``(node, its ONNX value, its max |diff| from the finer reference, the finer op)`` for the first
-    ONNX node inside ``value``'s group whose value differs from torch's decomposition while its paired
-    inputs agree; None when nothing can be said. ``values``: torch values by FX name (the FX node's
-    arguments and the group's anchors' twins)."""
+    """``(node, its ONNX value, its op type, what differs)`` for the first ONNX node (or constant) inside
+    ``value``'s group whose value differs from torch's finer reference while its inputs agree; None when
+    nothing can be said. ``values``: torch values by FX name (the FX node's arguments and the group's
+    anchors' twins)."""
+    from sbs_widget.blame.inside import elem_type
+
     g = prepared.group(value)
     if g is None or fx_name not in prepared.fx_position:
         return None
     index = prepared.index
     node = prepared.fx_nodes[prepared.fx_position[fx_name]]
-    ref = _reference_program(node, values)
+    ref = reference_program(node, values)
     if ref is None:
         return None
-    gm, placeholder_fx, tensors = ref
+    gm, placeholder_fx, tensors, label = ref
     group_nodes = [index.nodes[i] for i in g.nodes]
     twins = prepared.alignment.onnx_to_fx
     anchors_fx = {a: twins[a] for a in g.anchors if a in twins}
-    paired = _pair(group_nodes, anchors_fx, gm, placeholder_fx)
-    if len(paired) < 2:  # nothing to tell apart
+    anchor_ph = anchor_placeholders(node, anchors_fx, placeholder_fx)
+    initializers = set(g.constants) | set(index.initializers)
+    oflow = OnnxFlow(index, group_nodes, set(anchor_ph), initializers, elem_type(index, value))
+    fflow = FxFlow(gm, set(anchor_ph.values()))
+    paired = pair(oflow, fflow, anchor_ph)
+    if not paired:
         return None
     finer = _run(gm, tensors)
-    exact = _run(gm, [upcast(t) for t in tensors])  # the same decomposition in float64
-    onnx_values = _run_group(prepared, g, group_nodes, values, list(paired))
+    exact = _run(gm, [upcast(t) for t in tensors])  # the same reference in float64
+    wanted = list(paired)
+    for n in group_nodes:
+        if n.output and n.output[0] in paired:
+            wanted += [x for x in n.input if x and oflow.resolve(x) in oflow.const and x not in initializers]
+    weights = prepared.weights()
+    onnx_values = _run_group(prepared, g, group_nodes, values, list(dict.fromkeys(wanted)))
     if onnx_values is None:
         return None
-    constants = set(g.constants) | {o for n in group_nodes if n.op_type == "Constant" for o in n.output}
+    paired_fx = set(paired.values())
     for n in group_nodes:
         out = n.output[0] if n.output else None
         if out not in paired or out not in onnx_values:
             continue
-        if any(x and x not in constants and x not in anchors_fx and x not in paired for x in n.input):
-            return None  # an input computed by a node nothing pairs: the difference may start there
-        expected, reference = finer[paired[out]], exact.get(paired[out])
+        consts = []
+        for x in n.input:
+            if not x:
+                continue
+            r = oflow.resolve(x)
+            if r in oflow.const:
+                if r not in paired:
+                    consts.append(x)
+            elif r not in anchor_ph and r not in paired:
+                return None  # an input computed by a node nothing pairs: the difference may start there
+        f = next(m for m in fflow.nodes if m.name == paired[out])
+        expected, reference = finer.get(f.name), exact.get(f.name)
         got = onnx_values[out]
         if not isinstance(expected, torch.Tensor) or not isinstance(reference, torch.Tensor) or \
                 expected.numel() != got.size:
             continue
-        e = expected.detach().cpu().double().numpy().reshape(got.shape)
-        diff = np.abs(got.astype(np.float64) - e)
-        if np.isfinite(diff).all() and (diff <= atol + rtol * np.abs(e)).all():
+        e = _as_array(expected, got.shape)
+        bad = _beyond(got, e, atol, rtol, got.dtype)
+        if not bad.any():
             continue
-        # beyond tolerance: rounding (as close to the float64 decomposition as torch's), or not
-        # (rounding of the coarser of the two types: a float16 ONNX value against a float32 torch one)
-        coarse = max(epsilon(expected), epsilon(got))
-        if judge(expected.reshape(got.shape), got, reference.reshape(got.shape), coarse, largest(expected)).noise:
+        if got.dtype != bool:
+            # beyond tolerance: rounding (as close to the float64 reference as torch's), or not
+            # (rounding of the coarser of the two types: a float16 ONNX value against a float32 torch one)
+            coarse = max(epsilon(expected), epsilon(got))
+            big = float(np.finfo(got.dtype).max)
+            ex = torch.clamp(expected.reshape(got.shape).double(), -big, big)
+            rf = torch.clamp(reference.reshape(got.shape).double(), -big, big)
+            if judge(ex, _saturate(got.astype(np.float64), got.dtype), rf, coarse, largest(expected)).noise:
+                continue
+        # its inputs agree (anchors, paired values checked before in order); its constants?
+        hit = _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weights, oflow, atol, rtol,
+                                label)
+        if hit is not None:
+            return hit
+        with np.errstate(invalid="ignore"):
+            diff = float(np.nanmax(np.abs(got.astype(np.float64) - e))) if got.dtype != bool else 1.0
+        what = f"{diff:.2g} from {label} (its {f.name!r})" + _what_differs(n, f, got.ndim)
+        return n.name, out, n.op_type, what, False
+    return None
+
+
+def _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weights, oflow, atol, rtol, label):
+    """``(node, value, op type, what)`` naming the constant ``n`` reads (the Constant or initializer it
+    carries, else the node computing it) that differs from the one torch's reference reads there; None
+    when they agree or cannot be matched one to one."""
+    refs = _fx_constants(f, fflow, finer, paired_fx)
+    if not consts or len(consts) != len(refs) or len(consts) > _COMPARED:
+        return None
+    for x, want in zip(consts, refs):
+        have = onnx_values.get(x)
+        if have is None:
+            have = weights.get(x) if hasattr(weights, "get") else None
+        if have is None:
+            return None
+        a, b = _as_array(have), _as_array(want)
+        if not (a.size == b.size or b.size == 1):
             continue
-        # its inputs: anchors (torch values) or paired values that agree (checked before, in order)
-        return n, out, float(np.nanmax(diff)), paired[out]
+        b = np.full(a.shape, b.reshape(-1)[0], dtype=b.dtype) if b.size == 1 else b.reshape(a.shape)
+        if a.dtype == bool or not _beyond(a, b, atol, rtol, np.float32).any():
+            continue
+        root = oflow.resolve(x)
+        producer = oflow.producer.get(root)
+        if a.size == 1:
+            what = f"{a.reshape(-1)[0]:.6g} where {label} uses {b.reshape(-1)[0]:.6g}"
+        else:
+            bad = int(_beyond(a, b, atol, rtol, np.float32).sum())
+            what = f"{bad} of {a.size} elements differ from the ones {label} uses"
+        what += f" (read by {n.op_type} {n.name!r})"
+        if producer is None:  # an initializer
+            return n.name, root, "initializer", what, True
+        return producer.name, root, producer.op_type, what, True
     return None
 
 
@@ -244,7 +267,7 @@ def refine_culprits(found: list, prepared, inputs, kwargs, atol: float, rtol: fl
         if g is None or c.ep_name not in prepared.fx_position or len(g.nodes) < 2:
             continue
         node = prepared.fx_nodes[prepared.fx_position[c.ep_name]]
-        names |= {a.name for a in node.args if isinstance(a, torch.fx.Node)}
+        names |= {a.name for a in node.all_input_nodes}
         names |= {twins[a] for a in g.anchors if a in twins}
     if not names:
         return found
@@ -260,12 +283,16 @@ def refine_culprits(found: list, prepared, inputs, kwargs, atol: float, rtol: fl
             hit = None
         if hit is None:
             continue
-        node, value, diff, finer_op = hit
-        if node.name == c.onnx_node:
+        name, value, op_type, what, constant = hit
+        if name == c.onnx_node and value == c.onnx_name:
             continue
-        reason = (f"{node.op_type} {node.name!r}, inside the translation of {c.ep_name!r}: on torch inputs it is "
-                  f"{diff:.2g} from torch's own decomposition of {c.ep_target or c.ep_name} (its {finer_op!r}) while "
-                  f"its inputs agree; the compared {c.onnx_op_type} {c.onnx_node!r} only carries the difference")
-        out[k] = dataclasses.replace(c, onnx_node=node.name, onnx_name=value, onnx_op_type=node.op_type,
-                                     reason=reason)
+        target = c.ep_target or c.ep_name
+        if constant:
+            reason = (f"the constant {value!r} inside the translation of {c.ep_name!r} ({target}): {what}; "
+                      f"the compared {c.onnx_op_type} {c.onnx_node!r} only carries the difference")
+        else:
+            reason = (f"{op_type} {name!r}, inside the translation of {c.ep_name!r}: on torch inputs it is {what}, "
+                      f"while its inputs agree; the compared {c.onnx_op_type} {c.onnx_node!r} only carries the "
+                      f"difference")
+        out[k] = dataclasses.replace(c, onnx_node=name, onnx_name=value, onnx_op_type=op_type, reason=reason)
     return out

@@ -98,7 +98,7 @@ class Attribution:
         def fixed_by(disabled: list) -> bool:
             return not self.differs(f"level {level} without {', '.join(disabled[:3])}"
                                     f"{'...' if len(disabled) > 3 else ''} ({len(disabled)})",
-                                    dataclasses.replace(at_level, disabled=tuple(sorted(disabled))))
+                                    dataclasses.replace(at_level, disabled=tuple(sorted({*disabled, *s.disabled}))))
 
         if not fixed_by(candidates):
             note = (f"disabling its {len(candidates)} known transformers does not remove the difference: the cause "
@@ -109,7 +109,7 @@ class Attribution:
         guilty = smallest(candidates, fixed_by)
         fused = []
         if localize:
-            good = self.models.get(dataclasses.replace(at_level, disabled=tuple(sorted(guilty))))
+            good = self.models.get(dataclasses.replace(at_level, disabled=tuple(sorted({*guilty, *s.disabled}))))
             fused = fused_nodes(self.models.get(at_level), good, guilty)
         return Cause("optimizer", level=level, transformers=guilty), self.steps, fused
 

@@ -106,16 +106,18 @@ def deployment(session_options=None, providers=None) -> Setting:
     """The deployed setting: ``session_options`` an onnxruntime ``SessionOptions``, a dict
     (``{"level": "all", "config": {...}, "intra_op_num_threads": 4}``) or None (onnxruntime's
     defaults: ORT_ENABLE_ALL); ``providers`` a list of names (default: CPU)."""
-    level, config, attributes = "ORT_ENABLE_ALL", {}, {}
+    level, config, attributes, disabled = "ORT_ENABLE_ALL", {}, {}, ()
     if session_options is None:
         pass
     elif isinstance(session_options, dict):
         options = dict(session_options)
         level = level_name(options.pop("level", "all"))
         config = {str(k): str(v) for k, v in dict(options.pop("config", {}) or {}).items()}
+        disabled = tuple(sorted(str(t) for t in options.pop("disabled", ()) or ()))
         for name, value in options.items():
             if name not in _ATTRIBUTES:
-                raise InputError(f"unknown deployment option {name!r}: use level, config or one of {_ATTRIBUTES}")
+                raise InputError(f"unknown deployment option {name!r}: use level, config, disabled (transformer "
+                                 f"names) or one of {_ATTRIBUTES}")
             attributes[name] = value
     elif type(session_options).__name__ == "SessionOptions":
         level = str(session_options.graph_optimization_level).rsplit(".", 1)[-1]
@@ -132,7 +134,7 @@ def deployment(session_options=None, providers=None) -> Setting:
         raise InputError(f"session_options must be an onnxruntime.SessionOptions, a dict or None, not "
                          f"{type(session_options).__name__}")
     return Setting(level=level, config=tuple(sorted(config.items())), providers=provider_list(providers),
-                   attributes=tuple(sorted(attributes.items())))
+                   disabled=disabled, attributes=tuple(sorted(attributes.items())))
 
 
 _DEFAULTS = {"intra_op_num_threads": 0, "inter_op_num_threads": 0, "execution_mode": "ORT_SEQUENTIAL",

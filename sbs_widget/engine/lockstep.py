@@ -65,6 +65,14 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
             getattr(runtime, "intra_op_num_threads", 0) == 1 and cores() >= 2
         self.alongside = [alongside and one for one in single]
         self.current_segment = -1
+        # A runtime that optimizes (deployed/runtime.py) says which values its graph no longer computes:
+        # not asked for (that would stop the fusion), reported one-sided with why.
+        vanished_of = getattr(runtime, "vanished_values", None)
+        self.vanished: dict[str, str] = vanished_of(p.onnx_model) if vanished_of is not None else {}
+        self.hidden = frozenset(self.vanished.keys() - set(p.index.outputs))
+        self.weights_in = bool(getattr(runtime, "weights_in_segments", False))
+        # unknown, so not clean: what reads them cannot be called rounding on its node-local run alone
+        self.sources.update(p.alignment.onnx_to_fx[v] for v in self.hidden if v in p.alignment.onnx_to_fx)
 
 
     def _release_fx(self, names) -> None:
@@ -188,6 +196,14 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         shapes: list[tuple[Record, str]] = []  # (record of a reshaped alias, the torch value's shape)
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
+            if o in self.hidden:  # not computed by the deployed graph
+                rec.status, rec.comment = R.ONE_SIDED, self.vanished[o]
+                records.append((rec, None, None))
+                for _, alias_fields in aliases:
+                    alias = Record(*alias_fields)
+                    alias.status, alias.comment = R.ONE_SIDED, self.vanished[o]
+                    records.append((alias, None, None))
+                continue
             if fx_name is None:  # ONNX only
                 rec.status = R.ONE_SIDED
                 rec.comment = "ONNX only"
@@ -271,7 +287,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                 self.current_segment = s - 1
                 if not self.keep_sessions and s:
                     self._compile_ahead(s + 1, s + 2)
-                seg = p.segment(a, b)
+                seg = p.segment(a, b, self.hidden, self.weights_in)
                 started = self._start_segment(seg) if self.alongside[s] else None
                 yield from self._advance_fx(self.fx_need[s])
                 seconds = self._run_segment(seg, started)

@@ -63,7 +63,7 @@ class OnnxSide:
         p = self.p
         pieces, weights = [], p.weights()
         for a, b in self.ranges[first:end]:
-            seg = p.segment(a, b)
+            seg = p.segment(a, b, self.hidden, self.weights_in)
             types = {x: p.index.types[x].elem_type for x in seg.inputs if x in p.index.types}
             for x in [x for x in types if x in p.index.initializers and weights.transposed_source(x) is not None]:
                 types[TRANSPOSED + x] = types.pop(x)  # as the run will feed it (_segment_feeds)

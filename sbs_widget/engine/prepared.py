@@ -151,10 +151,13 @@ class Prepared:
         return list(self._plans[key])
 
     # -- cached pieces ---------------------------------------------------------------------------
-    def segment(self, start: int, end: int) -> Segment:
-        key = (start, end)
+    def segment(self, start: int, end: int, hidden: frozenset = frozenset(), weights_in: bool = False) -> Segment:
+        """``hidden``: values not to hand back, ``weights_in``: every weight copied in (a deployed runtime:
+        asking for a value keeps it from a fusion, a weight fed as input is no constant to fold)."""
+        key = (start, end, hidden, weights_in) if hidden or weights_in else (start, end)
         if key not in self._segments:
-            self._segments[key] = describe_segment(self.index, start, end, self.wanted, self.last_reader)
+            self._segments[key] = describe_segment(self.index, start, end, self.wanted - hidden, self.last_reader,
+                                                   weights_in)
         return self._segments[key]
 
     @functools.cached_property

@@ -47,6 +47,7 @@ class OnnxruntimeRuntime:
     compiles_in_background = True  # InferenceSession releases the GIL for most of its building
     # (parsing the model holds it: about a third)
     accepts_serialized = True
+    disabled_optimizers: tuple[str, ...] = ()
 
     def __init__(self, providers: list[str] | None = None, intra_op_num_threads: int = 1):
         import onnxruntime
@@ -57,7 +58,8 @@ class OnnxruntimeRuntime:
             or ["CPUExecutionProvider"]
         self.intra_op_num_threads = intra_op_num_threads
 
-    def compile(self, model: onnx.ModelProto | bytes) -> Compiled:
+    def session_options(self):
+        """The options every segment's session is built with (a subclass may deploy others)."""
         opts = self._ort.SessionOptions()
         opts.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # Fatal only: a node that fails is reported by its record, onnxruntime would print it again.
@@ -69,8 +71,12 @@ class OnnxruntimeRuntime:
         # No spinning threads after a run: the FX side runs next, and the coming sessions compile.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.intra_op_num_threads = self.intra_op_num_threads or cores()
+        return opts
+
+    def compile(self, model: onnx.ModelProto | bytes) -> Compiled:
         data = model if isinstance(model, bytes) else model.SerializeToString()
-        session = self._ort.InferenceSession(data, opts, providers=self.providers)
+        session = self._ort.InferenceSession(data, self.session_options(), providers=self.providers,
+                                             disabled_optimizers=list(self.disabled_optimizers))
         ort = self._ort
         # The run's RunOptions (cancel.py): stopping the run or its time limit terminates the call.
         if not any(v.type in NO_NUMPY_ORT_TYPES for v in session.get_inputs() + session.get_outputs()):

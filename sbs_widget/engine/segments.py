@@ -58,11 +58,12 @@ def plan_segments(n_nodes: int, cuts: set[int], node_bytes: list[int], budget: i
 
 
 def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
-                     last_reader: dict[str, int]) -> Segment:
+                     last_reader: dict[str, int], weights_in: bool = False) -> Segment:
     """Inputs, embedded initializers and outputs of nodes ``[start, end)``.
 
     ``wanted``: values to hand back even if nothing later reads them (compared values).
     ``last_reader``: value -> index of the last node reading it (graph outputs count as len(nodes)).
+    ``weights_in``: every initializer copied in, not only the small ones.
     """
     seg = Segment(start, end)
     produced_here: set[str] = set()
@@ -74,7 +75,7 @@ def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
             if x in produced_here or x in seen:
                 continue
             seen.add(x)
-            if x in initializers and numel(x) <= SMALL_INITIALIZER:
+            if x in initializers and (weights_in or numel(x) <= SMALL_INITIALIZER):
                 seg.embedded.append(x)
             else:
                 seg.inputs.append(x)
