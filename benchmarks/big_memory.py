@@ -1,0 +1,181 @@
+"""End-to-end peak memory of a comparison on big models, as a ratio to the weights (issue 37).
+
+Builds LLaMA-like models from a transformers config with random init (seeded), exports them
+(``torch.export`` + ``torch.onnx.export(dynamo=True)``) and saves ``user.pt2``, ``model.onnx`` and
+``inputs.pt`` under /tmp/sbs_big/<model>/; then measures, each in a fresh process whose peak RSS is
+the kernel's high-water mark (``ru_maxrss`` of the child):
+
+- ``cli``: ``python -m sbs_widget compare --ep user.pt2 --onnx model.onnx --inputs inputs.pt -o diff.csv``
+- ``run_aligned``: ``list(sbs_widget.run_aligned(pt2_path, onnx_path, inputs_path))`` from paths
+
+once with today's loading (``SBS_WIDGET_EAGER_ONNX=1``: ``onnx.load`` holds every initializer) and once
+with the lean reader, and checks that both give the same records (status and figures).
+
+    python benchmarks/big_memory.py build --models llama_1g llama_1g_f16     # ~2 min each
+    python benchmarks/big_memory.py build --models llama_3g llama_3g_f16     # float32: ~10 min
+    python benchmarks/big_memory.py measure --models llama_1g llama_1g_f16 llama_3g llama_3g_f16
+
+Every child runs under ``timeout``; the models stay in /tmp (``--folder``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+MODELS = {
+    # ~1.2 GB of float32 weights, one file
+    "llama_1g": dict(layers=8, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float32",
+                     external=False),
+    "llama_1g_f16": dict(layers=8, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float16",
+                         external=False),
+    # ~3.5 GB of float32 weights, external data
+    "llama_3g": dict(layers=24, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float32",
+                     external=True),
+    "llama_3g_f16": dict(layers=24, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float16",
+                         external=True),
+    # a few MB: checks the script itself
+    "llama_tiny": dict(layers=2, hidden=256, heads=4, intermediate=512, vocab=1024, dtype="float32",
+                       external=True),
+}
+SEQ = 8
+FOLDER = "/tmp/sbs_big"
+
+
+def build(name: str, folder: str) -> None:
+    import torch
+    import transformers
+
+    spec = MODELS[name]
+    out = os.path.join(folder, name)
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=spec["layers"], hidden_size=spec["hidden"], num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["heads"], intermediate_size=spec["intermediate"], vocab_size=spec["vocab"],
+        max_position_embeddings=256, tie_word_embeddings=False)
+    dtype = getattr(torch, spec["dtype"])
+    with torch.device("cpu"):
+        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    model.config.use_cache = False
+    ids = torch.randint(0, spec["vocab"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids):
+            return self.m(input_ids=input_ids, use_cache=False).logits
+
+    wrapped = Logits(model)
+    with torch.no_grad():
+        ep = torch.export.export(wrapped, (ids,))
+        torch.export.save(ep, os.path.join(out, "user.pt2"))
+        torch.save((ids,), os.path.join(out, "inputs.pt"))
+        prog = torch.onnx.export(ep, (ids,), dynamo=True)
+    prog.save(os.path.join(out, "model.onnx"), external_data=spec["external"])
+    weights = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump({"weights": weights, **spec}, f)
+    print(f"{name}: {weights / 1e9:.2f} GB of weights in {out}", flush=True)
+
+
+CLI = ["-m", "sbs_widget", "compare", "--ep", "{d}/user.pt2", "--onnx", "{d}/model.onnx", "--inputs",
+       "{d}/inputs.pt", "-o", "{out}"]
+RUN_ALIGNED = """
+import sys, time, csv
+import sbs_widget
+from sbs_widget.cli.compare import write_records
+d, out = sys.argv[1], sys.argv[2]
+records = list(sbs_widget.run_aligned(d + "/user.pt2", d + "/model.onnx", d + "/inputs.pt"))
+write_records(records, out)
+"""
+
+
+def _child(argv: list[str], env: dict, timeout: int) -> tuple[float, int, int]:
+    """(seconds, peak RSS in bytes, exit code) of one fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(["timeout", str(timeout), sys.executable, *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    err = proc.stderr.read()
+    proc.stderr.close()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        print(err[-2000:], file=sys.stderr)
+    return seconds, usage.ru_maxrss * 1024, code
+
+
+def _records(path: str) -> list[tuple]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    keep = [k for k in (rows[0] if rows else {}) if "time" not in k]
+    return [tuple(r[k] for k in keep) for r in rows]
+
+
+def measure(name: str, folder: str, timeout: int, repeat: int) -> list[dict]:
+    d = os.path.join(folder, name)
+    with open(os.path.join(d, "meta.json")) as f:
+        weights = json.load(f)["weights"]
+    rows = []
+    for how in ("cli", "run_aligned"):
+        seen = {}
+        for mode in ("before", "after"):
+            env = {**os.environ, "SBS_WIDGET_EAGER_ONNX": "1" if mode == "before" else "0"}
+            out = os.path.join(d, f"{how}_{mode}.csv")
+            argv = [a.format(d=d, out=out) for a in CLI] if how == "cli" else ["-c", RUN_ALIGNED, d, out]
+            runs = [_child(argv, env, timeout) for _ in range(repeat)]
+            seconds = min(r[0] for r in runs)
+            peak = min(r[1] for r in runs)
+            code = max(r[2] for r in runs)
+            seen[mode] = _records(out) if code == 0 and os.path.exists(out) else None
+            rows.append(dict(model=name, what=how, mode=mode, weights_gb=round(weights / 1e9, 3),
+                             peak_gb=round(peak / 1e9, 3), ratio=round(peak / weights, 2),
+                             seconds=round(seconds, 1), rc=code))
+            print(json.dumps(rows[-1]), flush=True)
+        same = seen["before"] is not None and seen["before"] == seen["after"]
+        rows[-1]["same_records"] = same
+        rows[-2]["same_records"] = same
+        print(f"{name} {how}: records identical before/after: {same} ({len(seen['after'] or [])} records)",
+              flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["build", "measure"])
+    ap.add_argument("--models", nargs="+", default=["llama_1g", "llama_1g_f16"], choices=sorted(MODELS))
+    ap.add_argument("--folder", default=FOLDER)
+    ap.add_argument("--timeout", type=int, default=3000, help="seconds per child process")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", help="append the rows to this file")
+    args = ap.parse_args(argv)
+    for name in args.models:
+        if args.step == "build":
+            code = subprocess.call(["timeout", str(args.timeout), sys.executable, __file__, "_build", name,
+                                    args.folder])
+            if code:
+                print(f"{name}: build failed (exit {code})", file=sys.stderr)
+                return code
+        else:
+            rows = measure(name, args.folder, args.timeout, args.repeat)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "_build":
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        build(sys.argv[2], sys.argv[3])
+        sys.exit(0)
+    sys.exit(main())
