@@ -187,8 +187,8 @@ def _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weight
         return None
     for x, want in zip(consts, refs):
         have = onnx_values.get(x)
-        if have is None:
-            have = weights.get(x) if hasattr(weights, "get") else None
+        if have is None and x in weights:
+            have = weights[x]
         if have is None:
             return None
         a, b = _as_array(have), _as_array(want)
