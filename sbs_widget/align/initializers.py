@@ -4,7 +4,6 @@ literal (not the twin of one of its FX inputs), or a parameter the optimizer sto
 from __future__ import annotations
 
 import torch
-from onnx import numpy_helper
 
 
 def is_literal_of(value: str, user: torch.fx.Node, index) -> bool:
@@ -18,7 +17,7 @@ def is_literal_of(value: str, user: torch.fx.Node, index) -> bool:
     if not literals:
         return False
     try:
-        number = float(numpy_helper.to_array(init).reshape(-1)[0])
+        number = float(index.initializer_data(value)[0].reshape(-1)[0])
     except (ValueError, TypeError, IndexError):
         return False
     return any(number == float(a) or (abs(a) > 1e30 and abs(number - a) <= 1e-6 * abs(a)) for a in literals)

@@ -44,7 +44,7 @@ from sbs_widget.load.readers import (
     is_onnx_program,
     load_exported_program,
     load_inputs,
-    load_onnx_model,
+    load_onnx,
 )
 from sbs_widget.records import Record
 
@@ -114,14 +114,16 @@ def prepare(ep, onx=None) -> Prepared:
         return hit[1]
     start_threads()  # the runs to come need them
     if is_onnx_program(ep) or isinstance(ep, Exported):
-        model = load_onnx_model(onx if onx is not None else ep.model_proto)
-        prepared = Prepared(ep.exported_program, model, ep.user_ep if isinstance(ep, Exported) else None)
+        model, data = load_onnx(onx if onx is not None else ep.model_proto)
+        prepared = Prepared(ep.exported_program, model, ep.user_ep if isinstance(ep, Exported) else None,
+                            OnnxIndex.build(model, data))
     else:
         if onx is None:
             raise InputError("onx is required: pass the ONNX model (ModelProto or path) exported from ep")
         program = load_exported_program(ep)
-        model = load_onnx_model(onx)
-        index = OnnxIndex.build(model)
+        # From a path, the big initializers stay in the file (read through the index): held once.
+        model, data = load_onnx(onx)
+        index = OnnxIndex.build(model, data)
         ok, total = _metadata_agreement(program, index)
         if total and ok == total:
             decomposed, user = program, None  # already the program the exporter translated

@@ -109,7 +109,7 @@ def segment_bytes(index: OnnxIndex, seg: Segment, feed_types: dict[str, int]) ->
         name=f"segment_{seg.start}_{seg.end}",
         node=transposes,  # first in the file; onnxruntime runs each just before its first reader
         input=inputs,
-        initializer=[index.initializers[x] for x in seg.embedded],
+        initializer=[index.initializer_proto(x) for x in seg.embedded],  # (bytes read from the file if left there)
     )
     nodes = _serialized_nodes(index)
     # A message field given twice is merged by protobuf parsers (repeated fields concatenate): the

@@ -51,7 +51,8 @@ class Weights:
                 if t.device.type == "cpu" and t.dtype != torch.bfloat16:
                     view = t.numpy()
                     view = view.T if twin[1] and view.ndim == 2 else view
-                    if view.shape == arr.shape and view.dtype == arr.dtype and _same_bits(view, arr, raw):
+                    if view.shape == arr.shape and view.dtype == arr.dtype and \
+                            _same_bits(view, arr, raw, p.index, name):
                         self._views[name] = (t, twin[1] and view.ndim == 2)
                         if view.dtype.kind != "f" or np.isfinite(view).all():
                             self._finite.add(name)
@@ -108,8 +109,12 @@ class Weights:
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # a program's weights are Parameters
 
 
-def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None) -> bool:
+def _same_bits(view: np.ndarray, arr: np.ndarray, raw: bytes | None, index=None, name: str = "") -> bool:
     """Whether ``view`` (torch's memory) holds exactly the file's values, bit for bit: -0.0 is not
     0.0 to the runtime (1/x), and equal NaNs are equal. Compared as bytes: one copy and a memcmp,
-    ~2x faster than an element-wise comparison on transposed views."""
+    ~2x faster than an element-wise comparison on transposed views. An initializer left in its file
+    is compared in chunks read into a reused buffer (``InitializerFile.equals``): its pages are not
+    mapped into this process, so a weight served from torch's memory is never resident twice."""
+    if index is not None and index.in_file(name):
+        return index.data.equals(name, view)
     return view.tobytes() == (raw if raw is not None else arr.tobytes())  # tobytes: C order, any layout

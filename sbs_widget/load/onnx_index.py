@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from sbs_widget.dtypes import ONNX_TO_NUMPY
+from sbs_widget.load.lean_onnx import InitializerFile, with_data
 from sbs_widget.strings import shape_type
 
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
@@ -148,11 +149,14 @@ class OnnxIndex:
     constant_nodes: dict = field(default_factory=dict)  # value -> node index of a Constant node
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    # Where the bytes of initializers left in their files lie (``lean_onnx``: a model read from a path);
+    # None: every initializer holds its bytes.
+    data: InitializerFile | None = None
 
     @classmethod
-    def build(cls, model: onnx.ModelProto) -> "OnnxIndex":
+    def build(cls, model: onnx.ModelProto, data: InitializerFile | None = None) -> "OnnxIndex":
         g = model.graph
-        idx = cls(model=model)
+        idx = cls(model=model, data=data)
         idx.nodes = list(g.node)
         idx.initializers = {i.name: i for i in g.initializer}
         init_names = set(idx.initializers)
@@ -294,14 +298,29 @@ class OnnxIndex:
 
     def initializer_data(self, name: str) -> tuple[np.ndarray, bytes | None]:
         """The initializer's values (read-only), and the bytes they are read from in place (None when
-        they are not stored as little-endian raw bytes: then the array is a converted copy)."""
+        they are not stored as little-endian raw bytes: then the array is a converted copy, or, for an
+        initializer left in its file (``in_file``), a read-only map of the file)."""
         t = self.initializers[name]
         dtype = ONNX_TO_NUMPY.get(t.data_type)
+        if self.in_file(name) and dtype is not None and sys.byteorder == "little":
+            return self.data.array(name, dtype, tuple(t.dims)), None
         if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \
                 and sys.byteorder == "little":
             raw = t.raw_data
             return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims)), raw
         return numpy_helper.to_array(t), None
+
+    def in_file(self, name: str) -> bool:
+        """Whether initializer ``name`` was left in its file (its TensorProto describes external data)."""
+        data = self.data
+        return data is not None and name in data.refs and \
+            self.initializers[name].data_location == onnx.TensorProto.EXTERNAL
+
+    def initializer_proto(self, name: str) -> onnx.TensorProto:
+        """Initializer ``name`` with its bytes in the message, for a model that embeds it (a copy read from
+        the file when it was left there)."""
+        t = self.initializers[name]
+        return with_data(t, self.data) if self.in_file(name) else t
 
     def describe(self, value: str) -> str:
         vt = self.types.get(value)

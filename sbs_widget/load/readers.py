@@ -22,6 +22,7 @@ import onnx
 import torch
 
 from sbs_widget.errors import InputError, LoadError, ModelMismatchError
+from sbs_widget.load.lean_onnx import InitializerFile, Malformed, read_lean
 from sbs_widget.load.onnx_checks import check_model
 from sbs_widget.load.pt2_checks import check_pt2, drop_guards
 from sbs_widget.load.untrusted import (
@@ -80,10 +81,30 @@ def load_exported_program(ep) -> torch.export.ExportedProgram:
 
 
 def load_onnx_model(onx) -> onnx.ModelProto:
-    """The ONNX model ``onx`` (a ModelProto or a path), checked (``onnx_checks``) before it is run."""
+    """The ONNX model ``onx`` (a ModelProto or a path), checked (``onnx_checks``) before it is run, with
+    every initializer's bytes in the message (``load_onnx`` leaves the big ones in the file)."""
+    if isinstance(onx, (str, os.PathLike)):
+        return _load_onnx_file(onx, eager=True)[0]
+    return load_onnx(onx)[0]
+
+
+# Set to 1: paths are read by ``onnx.load`` with every initializer in memory (how they were read before
+# the lean reader; benchmarks/big_memory.py measures both).
+EAGER_ENV = "SBS_WIDGET_EAGER_ONNX"
+
+
+def load_onnx(onx) -> tuple[onnx.ModelProto, InitializerFile | None]:
+    """The ONNX model ``onx`` (a ModelProto or a path), checked (``onnx_checks``), and, for a path,
+    where the bytes of its big initializers lie: they are left in the file (``lean_onnx``), described
+    in the model as external data, and read through ``OnnxIndex.initializer_data``. A ModelProto is
+    taken as it is (None)."""
     if isinstance(onx, onnx.ModelProto):
         check_model(onx)
-        return onx
+        return onx, None
+    return _load_onnx_file(onx, eager=os.environ.get(EAGER_ENV, "") not in ("", "0"))
+
+
+def _load_onnx_file(onx, eager: bool) -> tuple[onnx.ModelProto, InitializerFile | None]:
     if isinstance(onx, (str, os.PathLike)):
         path = os.fspath(onx)
         if not os.path.isfile(path):
@@ -92,15 +113,21 @@ def load_onnx_model(onx) -> onnx.ModelProto:
         if os.path.getsize(path) == 0:
             raise LoadError(f"ONNX file {path!r} is empty (0 bytes): the export or the copy did not finish; "
                             "export the model again")
+        data = None
         try:
-            model = onnx.load(path, load_external_data=True)
+            model, data = read_lean(path) if not eager else (None, None)
+        except Malformed:  # onnx.load says what is wrong with the file
+            model = None
+        try:
+            if model is None:
+                model = onnx.load(path, load_external_data=True)
         except Exception as e:
             raise LoadError(
                 f"cannot load ONNX model {path!r} ({type(e).__name__}: {e}); the file is truncated, "
                 "corrupt, or its external data files are not next to it"
             ) from e
         check_model(model, f"ONNX model {path!r}")
-        return model
+        return model, data
     raise InputError(f"onx must be an onnx.ModelProto or a path to a .onnx file, not {type(onx).__name__}")
 
 
