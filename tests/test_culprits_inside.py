@@ -162,3 +162,27 @@ def test_a_float16_softmax_axis_is_named_not_the_cast_after_it():
     found = sbs_widget.culprits(ep, faults.set_attribute(onx, softmax.name, "axis", 1), (x,))
     assert found and found[0].onnx_node == softmax.name, found[:1]
     assert "Softmax over axis 1 where the reference normalizes axis" in found[0].reason
+
+
+def test_a_row_masked_everywhere_is_explained_at_the_softmax():
+    """torch 2.13's exporter fills a boolean mask with the lowest float, not -inf: a query row whose keys
+    are all masked gets a finite softmax (the mean of the values) where torch's gives NaN, set to 0.
+    The culprit is that Softmax, the reason says where the reference has NaN, and the compared value's
+    place stays at the end."""
+    class Masked(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 3, 4) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool).tril()
+    mask[0, 0, 0] = False
+    ep, prog = export_module(Masked(), (q, k, v, mask))
+    found = sbs_widget.culprits(ep, prog.model_proto, (q, k, v, mask))
+    if not found:
+        pytest.skip("this exporter matches torch on fully masked rows")
+    softmax = _one(prog.model_proto, "Softmax")
+    assert found[0].onnx_node == softmax.name
+    assert "finite at 3 of 18 elements where torch's math definition of attention" in found[0].reason
+    assert "gives NaN (a row masked everywhere)" in found[0].reason
+    assert found[0].reason.endswith("beyond tolerance at [0, :, 0, :] (4 of 24)")

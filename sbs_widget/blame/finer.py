@@ -171,11 +171,24 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
                                 label)
         if hit is not None:
             return hit
-        with np.errstate(invalid="ignore"):
-            diff = float(np.nanmax(np.abs(got.astype(np.float64) - e))) if got.dtype != bool else 1.0
-        what = f"{diff:.2g} from {label} (its {f.name!r})" + _what_differs(n, f, got.ndim)
+        what = _how_far(got, e, bad, label, f.name) + _what_differs(n, f, got.ndim)
         return n.name, out, n.op_type, what, False
     return None
+
+
+def _how_far(got: np.ndarray, e: np.ndarray, bad: np.ndarray, label: str, finer: str) -> str:
+    """How the ONNX value differs from the reference: the largest difference, or where the reference is
+    NaN/inf (softmax over a row masked everywhere) and the ONNX value is not."""
+    if got.dtype == bool or e.dtype == bool:
+        return f"{int(bad.sum())} of {bad.size} elements from {label} (its {finer!r})"
+    finite = np.isfinite(e) & np.isfinite(got)
+    if not (bad & finite).any():
+        kind = "NaN" if np.isnan(e[bad]).any() else "inf"
+        return (f"finite at {int(bad.sum())} of {bad.size} elements where {label} (its {finer!r}) gives {kind} "
+                f"(a row masked everywhere)")
+    with np.errstate(invalid="ignore"):
+        diff = float(np.max(np.abs(got.astype(np.float64) - e)[bad & finite]))
+    return f"{diff:.2g} from {label} (its {finer!r})"
 
 
 def _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weights, oflow, atol, rtol, label):
@@ -294,5 +307,8 @@ def refine_culprits(found: list, prepared, inputs, kwargs, atol: float, rtol: fl
             reason = (f"{op_type} {name!r}, inside the translation of {c.ep_name!r}: on torch inputs it is {what}, "
                       f"while its inputs agree; the compared {c.onnx_op_type} {c.onnx_node!r} only carries the "
                       f"difference")
+        at = c.reason.rfind("; beyond tolerance at ")
+        if at >= 0:  # where the compared value differs, as found
+            reason += c.reason[at:]
         out[k] = dataclasses.replace(c, onnx_node=name, onnx_name=value, onnx_op_type=op_type, reason=reason)
     return out
