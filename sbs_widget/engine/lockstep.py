@@ -19,6 +19,7 @@ from sbs_widget.engine.measure import Measuring, _failed, _join
 from sbs_widget.engine.memory import TRIM_BYTES, return_freed_memory
 from sbs_widget.engine.metrics import BATCH_ELEMENTS, Scratch
 from sbs_widget.engine.onnx_side import OnnxSide
+from sbs_widget.engine.restart import CUTS_PER_RUN, open_cuts, restore
 from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP
 from sbs_widget.engine.runtimes import cores
 from sbs_widget.engine.segments import Segment
@@ -35,7 +36,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
                  histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu"),
-                 cancel: Cancel | None = None, reference: bool = True):
+                 cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None):
         self.p, self.flat, self.rt = p, flat, runtime
         self.cancel = cancel or Cancel()  # time limit, stop, Ctrl-C (checked once per segment)
         self.keep_sessions = keep_sessions
@@ -54,6 +55,11 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         self.fx_errors: dict[str, str] = {}
         self.done = 0
         cuts = {p.index.producer[v] for v in reset}
+        # cuts kept for the next run, and the one of the run before this one restarts from (restart.py)
+        self.kept, self.restart = open_cuts(p, flat, runtime, device, (atol, rtol, node_local, histogram, reference,
+                                                                        segment_nodes), frozenset(reset), keep_cuts)
+        if self.restart is not None:
+            cuts.add(self.restart.start - 1)
         self.ranges = p.plan(cuts, segment_nodes)
         self.segment_of_node, self.fx_release, self.fx_need, self.release_at, single = \
             p.release_plan(self.ranges, node_local, reference)
@@ -274,25 +280,44 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
 
     # -- the whole run ---------------------------------------------------------------------------
     def records(self) -> Iterator[Record]:
+        kept = self.kept
+        if kept is None:
+            yield from self._records()
+            return
+        for rec in self._records():  # kept: the records before a cut are a restarted run's
+            kept.records.append(rec)
+            yield rec
+
+    def _records(self) -> Iterator[Record]:
         self.cancel.start()
-        try:  # (in place, not a nested generator: every record would pass through one more frame)
-            p = self.p
+        try:
+            p, kept = self.p, self.kept
             self.runner.feed(self.flat)
+            first = 0 if self.restart is None else restore(self, self.restart)
+            every = max(1, len(p.index.nodes) // CUTS_PER_RUN)
             # Sessions kept: compile them all ahead; otherwise one segment ahead, each dropped once done.
-            self._compile_ahead(0, None if self.keep_sessions else 2)
-            yield from self._input_records()
-            yield from self._weight_records()
-            for s, (a, b) in enumerate(self.ranges):
+            self._compile_ahead(first, None if self.keep_sessions else first + 2)
+            if self.restart is None:
+                yield from self._input_records()
+                yield from self._weight_records()
+            else:  # the run before's records up to the cut, marked as reused
+                yield from kept.prefix
+                kept.prefix = []
+            for s in range(first, len(self.ranges)):
+                a, b = self.ranges[s]
                 self.cancel.check(lambda: where_in(p.index, a, a + 1).replace("at ", "before ", 1))
                 self.current_segment = s - 1
-                if not self.keep_sessions and s:
+                if not self.keep_sessions and s > first:
                     self._compile_ahead(s + 1, s + 2)
                 seg = p.segment(a, b, self.hidden, self.weights_in)
                 started = self._start_segment(seg) if self.alongside[s] else None
                 yield from self._advance_fx(self.fx_need[s])
                 seconds = self._run_segment(seg, started)
                 self.current_segment = s
+                n_before, sources_before = len(kept.records) if kept else 0, set(self.sources)
                 yield from self._segment_records(seg, seconds)
+                if kept is not None:
+                    kept.take(self, s, a, b, n_before, sources_before, every)
                 self._free_onnx(seg)
                 self._release_fx(self.release_at[s])
                 if not self.keep_sessions:

@@ -377,15 +377,15 @@ class Prepared:
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
             keep_sessions: bool = True, time_limit: float | None = None,
-            cancel: Cancel | None = None, reference: bool = True) -> Iterator[Record]:
+            cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None) -> Iterator[Record]:
         """Yield records in execution order; see ``run_aligned`` for the options.
 
         ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
         compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
         an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
         than the model itself.
-        ``cancel``: a ``cancel.Cancel`` token another thread may fire to stop the run (the widget's
-        stop, the CLI's Ctrl-C); ``time_limit`` is then armed on it."""
+        ``cancel``: a token another thread may fire to stop the run; ``time_limit`` is armed on it.
+        ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default)."""
         if cancel is None:
             cancel = Cancel(time_limit)
         elif time_limit is not None:
@@ -411,7 +411,7 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda, threads=threads)
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                           histogram, segment_nodes, keep_sessions, device, cancel, reference).records()
+                           histogram, segment_nodes, keep_sessions, device, cancel, reference, keep_cuts).records()
 
 
 def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:

@@ -1,0 +1,186 @@
+"""Reruns that pay only for what is downstream of the reset.
+
+A rerun with another reset set computes exactly what the run before it computed, up to the first
+node that reads a value whose reset changed. So a run keeps, at some node boundaries (every
+len(nodes) / 32 nodes, where each value crossing the boundary was handed back by its segment), what the
+rest of the run needs from the past: the torch values still alive, the ONNX values later segments
+read, the judging state (which FX nodes are sources of differences), the counters, and how many
+records it had yielded. A rerun on the same inputs and options starts at the last kept cut at or
+before the producer of the first changed reset value: the records before it are the previous run's
+(copied, marked as reused), the rest is computed.
+
+Values are shared with the run, not copied (torch and onnxruntime values are never written in place
+once computed): a cut costs only what the run would have freed meanwhile. The cuts of one run hold at
+most ``budget`` bytes together (by default twice the eager live set, and 32 MiB at least; inputs and
+weights not counted); past it, the cut closest to its neighbours is dropped, so that those left stay
+spread over the depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from sbs_widget.records import Record
+
+MIN_BUDGET = 32 << 20
+CUTS_PER_RUN = 32  # node boundaries considered for a cut: one every len(nodes) / this
+REUSED = "reused from the run before (upstream of the first changed reset)"
+
+
+@dataclasses.dataclass
+class Cut:
+    start: int  # the ONNX node the next segment starts at
+    fx_position: int
+    fx_env: dict
+    fx_times: dict
+    fx_errors: dict
+    onnx_env: dict
+    onnx_shapes: dict
+    onnx_errors: dict
+    sources: set
+    done: int
+    n_records: int
+    nbytes: int = 0
+
+
+class RunCuts:
+    """What one run kept for the next: its cuts and its records (the prefix a restart reuses)."""
+
+    def __init__(self, key: tuple, reset: frozenset, budget: int, flat):
+        self.key, self.reset, self.budget = key, reset, budget
+        self.flat = flat  # held: the key names the inputs by id
+        self.cuts: list[Cut] = []
+        self.records: list[Record] = []  # every record the run yielded, in order
+        self.prefix: list[Record] = []  # a restarted run's first records: the run before's, reused
+
+    def take(self, run, s: int, a: int, b: int, n_before: int, sources_before: set, every: int) -> None:
+        """Keep cuts inside segment ``s`` (nodes ``[a, b)``) of ``run``, just run and measured (its
+        values all at hand): at node boundaries ``every`` nodes apart where every value crossing
+        the boundary is at hand (handed back by a segment), each with only what the rest needs."""
+        p = run.p
+        producer, last_reader = p.index.producer, p.last_reader
+        at = [c for c in range(a + 1, b + 1) if c % every == 0 or c == b]
+        if not at:
+            return
+        seg_records = self.records[n_before:]
+        made = [producer.get(r.onnx_name, -1) for r in seg_records]
+        release = set(run.release_at[s])
+        later_fx = {n for n in run.runner.env if n not in release}
+        to_fx, aliases = p.alignment.onnx_to_fx, p.alignment.aliases
+        inputs = set(p.index.inputs)
+        for c in at:
+            crossing = [v for v, last in last_reader.items() if last >= c and (producer.get(v, c) < c or v in inputs)]
+            if not all(v in run.onnx_env for v in crossing):
+                continue  # a value only the segment saw: no state to restart from here
+            needed = set(later_fx)
+            for v in crossing + [o for o, i in producer.items() if c <= i < b]:
+                needed.update(n for n in [to_fx.get(v), *aliases.get(v, ())] if n)
+            env = {n: v for n, v in run.runner.env.items() if n in needed}
+            onnx_env = {v: run.onnx_env[v] for v in crossing}
+            n_records = n_before + sum(1 for i in made if i < c)
+            new_sources = {f for f in run.sources - sources_before
+                           if producer.get(p.alignment.twin(f) or "", b) < c}
+            self.cuts.append(Cut(c, run.runner.position, env, dict(run.fx_times), dict(run.fx_errors), onnx_env,
+                                 {v: run.onnx_shapes[v] for v in crossing if v in run.onnx_shapes},
+                                 dict(run.onnx_errors), sources_before | new_sources, run.done, n_records, 0))
+        self._fit()
+
+    def _fit(self) -> None:
+        """Within the budget: while over it, drop the cut whose neighbours are closest (the cuts
+        left stay evenly spread over the depth; the last one stays)."""
+        while len(self.cuts) > 1 and self.nbytes > self.budget:
+            if len(self.cuts) == 2:
+                del self.cuts[0]
+                continue
+            starts = [0] + [c.start for c in self.cuts]
+            gaps = [starts[i + 2] - starts[i] for i in range(len(self.cuts) - 1)]
+            del self.cuts[gaps.index(min(gaps))]
+        if self.nbytes > self.budget:
+            self.cuts.clear()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cuts hold together, each value once, inputs and weights not counted (values alive
+        in the run are counted: they stay alive past their last use)."""
+        seen: dict[int, int] = {id(t): 0 for t in self.flat}  # inputs and weights: held by their owner
+        for c in self.cuts:
+            for v in (*c.fx_env.values(), *c.onnx_env.values()):
+                seen.setdefault(id(v), _bytes((v,)))
+        return sum(seen.values())
+
+    def restart_point(self, key: tuple, reset: frozenset, producer: dict[str, int]) -> Cut | None:
+        """The last kept cut valid for a run with ``key`` and ``reset``: no node before it reads a
+        value whose reset changed, and the changed values' own records come after it."""
+        if key != self.key:
+            return None
+        changed = self.reset ^ reset
+        first = min((producer[v] for v in changed if v in producer), default=None)
+        valid = [c for c in self.cuts if first is None or c.start <= first]
+        return valid[-1] if valid else None
+
+    def reused(self, cut: Cut) -> list[Record]:
+        """Copies of the records before ``cut``, marked as reused."""
+        out = []
+        for rec in self.records[:cut.n_records]:
+            copy = dataclasses.replace(rec)
+            copy.comment = f"{copy.comment}; {REUSED}" if copy.comment else REUSED
+            out.append(copy)
+        return out
+
+    def inherit(self, before: RunCuts, cut: Cut) -> None:
+        """A restarted run computed what ``before`` did up to ``cut``: its cuts up to there stay valid."""
+        self.cuts = [c for c in before.cuts if c.start <= cut.start]
+
+
+def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget: int | None):
+    """(the cuts this run keeps, or None; the cut it restarts from, or None). ``options``: what
+    else must be equal (tolerances, node_local, histogram, reference, segment_nodes); ``budget``:
+    bytes the cuts may hold (None: ``default_budget``, 0: keep none)."""
+    if budget == 0:
+        return None, None
+    inputs = tuple((id(t), t._version) if isinstance(t, torch.Tensor) else (id(t),) for t in flat)
+    key = (inputs, str(device), id(runtime), options)
+    before: RunCuts | None = getattr(p, "_run_cuts", None)
+    cut = before.restart_point(key, reset, p.index.producer) if before is not None else None
+    kept = RunCuts(key, reset, default_budget(p) if budget is None else budget, flat)
+    if cut is not None:
+        kept.inherit(before, cut)
+        kept.prefix = before.reused(cut)
+    p._run_cuts = kept
+    return kept, cut
+
+
+def default_budget(p) -> int:
+    """Twice the eager live set, 32 MiB at least."""
+    return max(2 * p.live_bytes, MIN_BUDGET)
+
+
+def restore(run, cut: Cut) -> int:
+    """Put ``run`` (a fresh ``LockstepRun``) in the state ``cut`` kept; returns the segment to go on at."""
+    run.runner.env = dict(cut.fx_env)
+    run.runner.position = cut.fx_position
+    run.fx_times.update(cut.fx_times)
+    run.fx_errors.update(cut.fx_errors)
+    run.onnx_env.update(cut.onnx_env)
+    run.onnx_shapes.update(cut.onnx_shapes)
+    run.onnx_errors.update(cut.onnx_errors)
+    run.sources = set(cut.sources)
+    run._downstream.clear()
+    run._downstream_at = -1
+    run.done = cut.done
+    k = next((i for i, (a, _) in enumerate(run.ranges) if a == cut.start), len(run.ranges))  # (or past the end)
+    run.current_segment = k - 1
+    return k
+
+
+def _bytes(values) -> int:
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            total += v.element_size() * v.numel()
+        elif isinstance(v, np.ndarray):
+            total += v.nbytes
+    return total
