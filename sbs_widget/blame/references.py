@@ -99,7 +99,9 @@ def reference_program(node: torch.fx.Node, values: dict):
         out = fn(*args, **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    # traced on copies: one tensor given twice (q and k the same value) stays two placeholders
-    gm = make_fx(call)(*[t.clone() for t in tensors])  # one level: the ops the reference calls stay whole
+    # contiguous copies, traced and run alike (the trace's views assume the strides it saw); one tensor
+    # given twice (q and k the same value) stays two placeholders
+    tensors = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+    gm = make_fx(call)(*tensors)  # one level: the ops the reference calls stay whole
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return gm, dict(zip(placeholders, names)), tensors, label
