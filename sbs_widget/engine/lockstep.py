@@ -56,8 +56,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         self.done = 0
         cuts = {p.index.producer[v] for v in reset}
         # cuts kept for the next run, and the one of the run before this one restarts from (restart.py)
-        self.kept, self.restart = open_cuts(p, flat, runtime, device, (atol, rtol, node_local, histogram, reference,
-                                                                        segment_nodes), frozenset(reset), keep_cuts)
+        same = (atol, rtol, node_local, histogram, reference, segment_nodes, exc)
+        self.kept, self.restart = open_cuts(p, flat, runtime, device, same, frozenset(reset), keep_cuts)
         if self.restart is not None:
             cuts.add(self.restart.start - 1)
         self.ranges = p.plan(cuts, segment_nodes)
