@@ -34,6 +34,9 @@ from sbs_widget.errors import LoadError
 # Initializers from this many bytes on are left in the file; the smaller ones (shapes, axes, scalars:
 # everything segments copy into their models) keep their bytes in the message.
 BIG = 64 * 1024
+# Never left in the file, whatever BIG says: initializers up to this many elements are copied as they are
+# into segment and node-local models (``engine.segments.SMALL_INITIALIZER``), which read their TensorProto.
+KEEP_ELEMENTS = 256
 
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
 _T_DIMS, _T_DATA_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
@@ -125,7 +128,8 @@ def _lean_tensor(buf, start: int, end: int, location: str) -> tuple[list, tuple 
             raw = (value, stop - value)
         elif field == _T_EXTERNAL or field == _T_LOCATION and value != onnx.TensorProto.DEFAULT:
             external = True
-    if raw is None or external or name is None or raw[1] < BIG or raw[1] != _expected_bytes(data_type, dims):
+    if raw is None or external or name is None or raw[1] < BIG or raw[1] != _expected_bytes(data_type, dims) \
+            or math.prod(dims) <= KEEP_ELEMENTS:
         return [buf[start:end]], None  # kept: small, already external, or sized wrong (check_initializers says so)
     pieces = []
     for field, _, rec_start, _, stop in _fields(buf, start, end):
@@ -367,6 +371,9 @@ def read_lean(path: str) -> tuple[onnx.ModelProto, InitializerFile]:
                 f"bytes of data where its shape needs {expected}; the file is truncated or was edited: export "
                 "or save the model again")
         data.add(t.name, os.path.join(base_dir, info["location"]), offset, length, fd)
+        if length < BIG or math.prod(t.dims) <= KEEP_ELEMENTS:  # small: its bytes in the message, as onnx.load
+            t.CopyFrom(with_data(t, data))
+            del data.refs[t.name]
     return model, data
 
 
