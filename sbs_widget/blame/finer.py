@@ -97,10 +97,10 @@ def _what_differs(n, f, rank: int) -> str:
 
 
 def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: float):
-    """``(node, its ONNX value, its op type, what differs)`` for the first ONNX node (or constant) inside
-    ``value``'s group whose value differs from torch's finer reference while its inputs agree; None when
-    nothing can be said. ``values``: torch values by FX name (the FX node's arguments and the group's
-    anchors' twins)."""
+    """``(node name, its ONNX value, its op type, what differs, whether it is a constant)`` for the first
+    ONNX node (or the constant it reads) inside ``value``'s group whose value differs from torch's finer
+    reference while its inputs agree; None when nothing can be said. ``values``: torch values by FX name
+    (the FX node's arguments and the group's anchors' twins)."""
     from sbs_widget.blame.inside import elem_type
 
     g = prepared.group(value)
@@ -127,7 +127,7 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
     wanted = list(paired)
     for n in group_nodes:
         if n.output and n.output[0] in paired:
-            wanted += [x for x in n.input if x and oflow.resolve(x) in oflow.const and x not in initializers]
+            wanted += [x for x in n.input if x and oflow.resolve(x) in oflow.const and x in oflow.producer]
     weights = prepared.weights()
     onnx_values = _run_group(prepared, g, group_nodes, values, list(dict.fromkeys(wanted)))
     if onnx_values is None:
@@ -171,28 +171,28 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
                                 label)
         if hit is not None:
             return hit
-        what = _how_far(got, e, bad, label, f.name) + _what_differs(n, f, got.ndim)
+        what = _how_far(got, e, bad, label, f.name, n.op_type) + _what_differs(n, f, got.ndim)
         return n.name, out, n.op_type, what, False
     return None
 
 
-def _how_far(got: np.ndarray, e: np.ndarray, bad: np.ndarray, label: str, finer: str) -> str:
+def _how_far(got: np.ndarray, e: np.ndarray, bad: np.ndarray, label: str, finer: str, op: str) -> str:
     """How the ONNX value differs from the reference: the largest difference, or where the reference is
     NaN/inf (softmax over a row masked everywhere) and the ONNX value is not."""
     if got.dtype == bool or e.dtype == bool:
-        return f"{int(bad.sum())} of {bad.size} elements from {label} (its {finer!r})"
+        return f"different at {int(bad.sum())} of {bad.size} elements from {label} (its {finer!r})"
     finite = np.isfinite(e) & np.isfinite(got)
     if not (bad & finite).any():
         kind = "NaN" if np.isnan(e[bad]).any() else "inf"
-        return (f"finite at {int(bad.sum())} of {bad.size} elements where {label} (its {finer!r}) gives {kind} "
-                f"(a row masked everywhere)")
+        why = " (a row masked everywhere)" if op == "Softmax" else ""
+        return f"finite at {int(bad.sum())} of {bad.size} elements where {label} (its {finer!r}) gives {kind}{why}"
     with np.errstate(invalid="ignore"):
         diff = float(np.max(np.abs(got.astype(np.float64) - e)[bad & finite]))
     return f"{diff:.2g} from {label} (its {finer!r})"
 
 
 def _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weights, oflow, atol, rtol, label):
-    """``(node, value, op type, what)`` naming the constant ``n`` reads (the Constant or initializer it
+    """``(node name, value, op type, what, True)`` naming the constant ``n`` reads (the Constant or initializer it
     carries, else the node computing it) that differs from the one torch's reference reads there; None
     when they agree or cannot be matched one to one."""
     refs = _fx_constants(f, fflow, finer, paired_fx)
