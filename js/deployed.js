@@ -83,11 +83,22 @@ export function describeDeployed(state, live = true) {
     cause: visible(r.cause_text ?? "", true),
     fused: fused.slice(0, MAX_FUSED),
     moreFused: Math.max(0, fused.length - MAX_FUSED),
+    located: locatedLine(r.located),
+    repro: typeof r.repro === "string" ? visible(r.repro) : "",
     written: errLine(worstError(r.written_errors)),
     deployed: errLine(worstError(r.deployed_errors)),
     footer,
     summary: typeof r.summary === "string" ? visible(r.summary, true) : "",
   };
+}
+
+/** Where the difference starts in the deployed graph (result.located), in one line, or "". */
+export function locatedLine(located) {
+  const o = obj(located);
+  if (typeof o.value !== "string") return typeof o.note === "string" ? visible(o.note) : "";
+  return `${visible(o.value)} (FX ${visible(o.fx_name ?? "?")}), computed by ${visible(o.op_type ?? "?")} ` +
+    `'${visible(o.node ?? "?")}' in the deployed graph, ${fmtRatio(o.ratio)} × tolerance` +
+    (Number.isFinite(num(o.vanished)) ? `; ${num(o.vanished)} values vanished into fused nodes` : "");
 }
 
 /** The banner and its toolbar button. update(state, live): redraw from the `deployed` trait. */
@@ -131,6 +142,8 @@ export function createDeployedBanner({ onCheck }) {
         el.append(line("sbs-deployed-fused", h("span", { class: "sbs-muted", text: "fused nodes: " }),
           h("ul", {}, d.fused.map((f) => h("li", { text: f })), d.moreFused ? h("li", { class: "sbs-muted", text: `… ${d.moreFused} more` }) : null)));
       }
+      if (d.located) el.append(line("sbs-deployed-located", h("span", { class: "sbs-muted", text: "starts at: " }), h("span", { text: d.located })));
+      if (d.repro) el.append(line("sbs-deployed-repro", h("span", { class: "sbs-muted", text: "repro bundle: " }), h("code", { text: d.repro })));
       if (d.written || d.deployed) {
         el.append(line("sbs-deployed-errors",
           h("span", { class: "sbs-muted", text: "worst error as written: " }), h("span", { class: "sbs-num", text: d.written || "?" }),

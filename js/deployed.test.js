@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { setupDom, fakeModel, baseState, makeRow, tick } from "./test_env.js";
 
 setupDom();
-const { createDeployedBanner, describeDeployed, fmtRatio, worstError } = await import("./deployed.js");
+const { createDeployedBanner, describeDeployed, fmtRatio, locatedLine, worstError } = await import("./deployed.js");
 
 // what SbsWidget.deployed holds after the Denormal case (tests/test_widget_deployed.py), trimmed
 const DENORMAL = {
@@ -46,6 +46,20 @@ test("describe: each state; unknown keys ignored, missing ones tolerated", () =>
   assert.equal(exp.level, "warn");
   assert.match(exp.hint, /use the lockstep below/);
   assert.equal(describeDeployed({ status: "done" }).verdict, "?");
+  assert.equal(d.located, "");  // a located object without a value and without a note: no line
+});
+
+test("where it starts: the located value, its node, the repro folder, as text", () => {
+  const located = { value: "getitem<b>", fx_name: "getitem", node: "node_conv2d", op_type: "Conv", ratio: "Infinity",
+    vanished: 1, note: "..." };
+  assert.equal(locatedLine(located), "getitem<b> (FX getitem), computed by Conv 'node_conv2d' in the deployed graph, " +
+    "inf × tolerance; 1 values vanished into fused nodes");
+  assert.equal(locatedLine({ value: null, note: "every surviving value agrees" }), "every surviving value agrees");
+  const b = createDeployedBanner({ onCheck: () => {} });
+  b.update({ status: "done", result: { verdict: "optimizer", located, repro: "/tmp/r<i>" } }, true);
+  assert.match(b.el.querySelector(".sbs-deployed-located").textContent, /getitem<b> \(FX getitem\)/);
+  assert.equal(b.el.querySelector(".sbs-deployed-repro code").textContent, "/tmp/r<i>");
+  assert.equal(b.el.querySelectorAll("b").length, 1);  // only the banner's own title: no markup from strings
 });
 
 test("banner: verdict, cause, fused nodes, errors, as text only; the button until a check ran", () => {
