@@ -121,12 +121,12 @@ def _records(path: str) -> list[tuple]:
     return [tuple(r[k] for k in keep) for r in rows]
 
 
-def measure(name: str, folder: str, timeout: int, repeat: int) -> list[dict]:
+def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run_aligned")) -> list[dict]:
     d = os.path.join(folder, name)
     with open(os.path.join(d, "meta.json")) as f:
         weights = json.load(f)["weights"]
     rows = []
-    for how in ("cli", "run_aligned"):
+    for how in what:
         seen = {}
         for mode in ("before", "after"):
             env = {**os.environ, "SBS_WIDGET_EAGER_ONNX": "1" if mode == "before" else "0"}
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=3000, help="seconds per child process")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", help="append the rows to this file")
+    ap.add_argument("--what", nargs="+", default=["cli", "run_aligned"], choices=["cli", "run_aligned"])
     args = ap.parse_args(argv)
     for name in args.models:
         if args.step == "build":
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
                 print(f"{name}: build failed (exit {code})", file=sys.stderr)
                 return code
         else:
-            rows = measure(name, args.folder, args.timeout, args.repeat)
+            rows = measure(name, args.folder, args.timeout, args.repeat, args.what)
             if args.json:
                 with open(args.json, "a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)
