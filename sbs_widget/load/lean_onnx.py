@@ -388,3 +388,18 @@ def with_data(tensor: onnx.TensorProto, data: InitializerFile | None) -> onnx.Te
     full.data_location = onnx.TensorProto.DEFAULT
     full.raw_data = data.read(tensor.name)
     return full
+
+
+def model_with_data(model: onnx.ModelProto, data: InitializerFile | None) -> onnx.ModelProto:
+    """``model`` with every initializer left in its file read back into the message (a copy): for a
+    consumer that writes or hands the whole model elsewhere (a session in another folder, another
+    process). ``model`` itself when nothing was left in a file. Holds the weights once more: only for
+    whole-model checks, never the lockstep."""
+    if data is None or not data.refs:
+        return model
+    full = onnx.ModelProto()
+    full.CopyFrom(model)
+    for t in full.graph.initializer:
+        if t.name in data.refs and t.data_location == onnx.TensorProto.EXTERNAL:
+            t.CopyFrom(with_data(t, data))
+    return full

@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from sbs_widget.dtypes import ONNX_TO_NUMPY
-from sbs_widget.load.lean_onnx import InitializerFile, with_data
+from sbs_widget.load.lean_onnx import InitializerFile, model_with_data, with_data
 from sbs_widget.strings import shape_type
 
 _FX_NODE_RE = re.compile(r"^%(\S+) :")
@@ -321,6 +321,11 @@ class OnnxIndex:
         the file when it was left there)."""
         t = self.initializers[name]
         return with_data(t, self.data) if self.in_file(name) else t
+
+    def full_model(self) -> onnx.ModelProto:
+        """The model with every initializer's bytes in the message (a copy when some were left in their
+        file): for whole-model consumers (a session run from another folder)."""
+        return model_with_data(self.model, self.data)
 
     def describe(self, value: str) -> str:
         vt = self.types.get(value)
