@@ -186,3 +186,22 @@ def test_a_row_masked_everywhere_is_explained_at_the_softmax():
     assert "finite at 3 of 18 elements where torch's math definition of attention" in found[0].reason
     assert "gives NaN (a row masked everywhere)" in found[0].reason
     assert found[0].reason.endswith("beyond tolerance at [0, :, 0, :] (4 of 24)")
+
+
+def test_attention_of_one_value_with_itself():
+    """scaled_dot_product_attention(x, x, x): one FX value is q, k and v. The reference reads it through
+    one input; a wrong Softmax axis is still found, and a correct export gives no culprit."""
+    class SelfAttention(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.scaled_dot_product_attention(x, x, x, scale=SCALE)
+
+    x = torch.randn(2, 2, 6, 8, generator=torch.Generator().manual_seed(3))
+    ep, prog = export_module(SelfAttention(), (x,))
+    model = prog.model_proto
+    assert sbs_widget.culprits(ep, model, (x,)) == []
+    softmax = _one(model, "Softmax")
+    found = sbs_widget.culprits(ep, faults.set_attribute(model, softmax.name, "axis", -2), (x,))
+    assert found and found[0].onnx_node == softmax.name, found[:1]
+    mul = [n for n in model.graph.node if n.op_type == "Mul"][-1]
+    found = sbs_widget.culprits(ep, faults.replace_op(model, mul.name, "Div"), (x,))
+    assert found and found[0].onnx_node == mul.name, found[:1]

@@ -203,15 +203,21 @@ def anchor_placeholders(fx_node: torch.fx.Node, anchors_fx: dict, placeholder_fx
     the argument carries unchanged (a view, an expand, a clone of it, a concatenation with empty
     tensors: what the ONNX optimizer removes)."""
     by_arg = {fx: ph for ph, fx in placeholder_fx.items()}
-    carried: dict[str, str] = {}
+    carried: dict[str, set] = {}
     for arg in fx_node.all_input_nodes:
         if arg.name not in by_arg:
             continue
-        n, depth = arg, 0
+        n, depth = _carried_input(arg), 1
         while n is not None and depth < 16:
-            carried.setdefault(n.name, by_arg[arg.name])
+            carried.setdefault(n.name, set()).add(by_arg[arg.name])
             n, depth = _carried_input(n), depth + 1
-    return {a: carried[fx] for a, fx in anchors_fx.items() if fx in carried}
+    out = {}
+    for a, fx in anchors_fx.items():
+        if fx in by_arg:
+            out[a] = by_arg[fx]
+        elif len(carried.get(fx, ())) == 1:  # carried by one argument only (q and k views of one value: neither)
+            out[a] = next(iter(carried[fx]))
+    return out
 
 
 def _carried_input(n: torch.fx.Node):

@@ -82,13 +82,17 @@ def reference_program(node: torch.fx.Node, values: dict):
     if found is None:
         return None
     fn, label = found
-    names, tensors = [], []
+    names, tensors, copies = [], [], {}
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, torch.fx.Node):
             if not isinstance(values.get(a.name), torch.Tensor):
                 return None
+            if a.name not in copies:  # contiguous copies, traced and run alike (the trace's views assume
+                # the strides it saw); one FX value given twice (attention(x, x, x)) is one tensor, read
+                # by the trace through one placeholder, distinct FX values stay distinct
+                copies[a.name] = values[a.name].detach().clone(memory_format=torch.contiguous_format)
             names.append(a.name)
-            tensors.append(values[a.name])
+            tensors.append(copies[a.name])
         elif isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
             return None
 
@@ -99,9 +103,6 @@ def reference_program(node: torch.fx.Node, values: dict):
         out = fn(*args, **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    # contiguous copies, traced and run alike (the trace's views assume the strides it saw); one tensor
-    # given twice (q and k the same value) stays two placeholders
-    tensors = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
     gm = make_fx(call)(*tensors)  # one level: the ops the reference calls stay whole
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return gm, dict(zip(placeholders, names)), tensors, label
