@@ -231,8 +231,6 @@ def test_a_truncated_file_gets_the_loader_error(mlp, tmp_path):
         load_onnx(cut)
 
 
-@pytest.mark.xfail(strict=True, reason="deployed/* writes prepared.onnx_model for whole-model sessions: with weights "
-                   "left in the file it must use prepared.index.full_model() (owner of deployed/*)")
 def test_check_deployed_from_a_path_with_weights_left_in_the_file(mlp, tmp_path):
     ep, model, x = mlp
     path = _save(model, tmp_path, external=False)
@@ -248,3 +246,12 @@ def test_full_model_holds_every_byte(mlp, tmp_path):
     assert full is not lean and all(t.data_location == onnx.TensorProto.DEFAULT for t in full.graph.initializer)
     assert [numpy_helper.to_array(t).tobytes() for t in full.graph.initializer] == \
         [numpy_helper.to_array(t).tobytes() for t in model.graph.initializer]
+
+
+def test_the_lockstep_as_deployed_from_a_path_with_weights_left_in_the_file(mlp, tmp_path):
+    """DeployedRuntime optimizes the whole model once to find what vanishes, and copies every weight into
+    its segments: both from a path whose big weights stayed in the file."""
+    ep, model, x = mlp
+    path = _save(model, tmp_path, external=False)
+    records = list(sbs_widget.run_aligned(ep, path, (x,), runtime=sbs_widget.DeployedRuntime()))
+    assert records and not [r for r in records if r.status in ("mismatch", "error")]

@@ -71,7 +71,8 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     if len(expected) != len(names):
         raise ModelMismatchError(f"torch returned {len(expected)} outputs and the ONNX model has {len(names)} "
                                  f"({names[:5]}): export the ONNX model from this program")
-    sessions = Sessions(prepared.onnx_model, feeds, timeout)
+    # (every weight's bytes: a path's big weights otherwise stay in the file, referenced from where it lies)
+    sessions = Sessions(prepared.index.full_model(), feeds, timeout)
     try:
         written_out, _ = sessions.run(AS_WRITTEN)
         written = output_errors(names, expected, written_out, atol, rtol, references)
@@ -97,8 +98,9 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
                 values = _locate(result, sessions, attribution.guilty_setting, attribution.guilty_model,
                                  prepared, args, kwargs, flat, atol, rtol)
                 if repro is not None and result.located is not None and result.located.value is not None:
-                    result.repro = write_repro(repro, prepared.onnx_model, result.located.value, {**feeds, **values},
-                                               attribution.guilty_setting, result.cause.transformers)
+                    result.repro = write_repro(repro, prepared.index.full_model(), result.located.value,
+                                               {**feeds, **values}, attribution.guilty_setting,
+                                               result.cause.transformers)
         result.sessions = sessions.count
     finally:
         sessions.close()

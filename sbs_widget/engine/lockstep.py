@@ -74,7 +74,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         # A runtime that optimizes (deployed/runtime.py) says which values its graph no longer computes:
         # not asked for (that would stop the fusion), reported one-sided with why.
         vanished_of = getattr(runtime, "vanished_values", None)
-        self.vanished: dict[str, str] = vanished_of(p.onnx_model) if vanished_of is not None else {}
+        self.vanished: dict[str, str] = vanished_of(p.index.full_model()) if vanished_of is not None else {}
         self.hidden = frozenset(self.vanished.keys() - set(p.index.outputs))
         self.weights_in = bool(getattr(runtime, "weights_in_segments", False))
         # unknown, so not clean: what reads them cannot be called rounding on its node-local run alone

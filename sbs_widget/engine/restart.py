@@ -55,6 +55,12 @@ class RunCuts:
         self.cuts: list[Cut] = []
         self.records: list[Record] = []  # every record the run yielded, in order
         self.prefix: list[Record] = []  # a restarted run's first records: the run before's, reused
+        # bytes the cuts hold together, each value once (values alive in the run count: they stay
+        # alive past their last use); inputs and weights not counted (their owner holds them)
+        self.nbytes = 0
+        self._held: dict[int, list] = {}  # id(value) -> [bytes, cuts holding it]
+        self._flat_ids = {id(t) for t in flat}
+        self._counted = 0  # cuts counted in nbytes
 
     def take(self, run, s: int, a: int, b: int, n_before: int, sources_before: set, every: int) -> None:
         """Keep cuts inside segment ``s`` (nodes ``[a, b)``) of ``run``, just run and measured (its
@@ -91,25 +97,40 @@ class RunCuts:
     def _fit(self) -> None:
         """Within the budget: while over it, drop the cut whose neighbours are closest (the cuts
         left stay evenly spread over the depth; the last one stays)."""
+        for c in self.cuts[self._counted:]:
+            self._hold(c, +1)
+        self._counted = len(self.cuts)
         while len(self.cuts) > 1 and self.nbytes > self.budget:
             if len(self.cuts) == 2:
-                del self.cuts[0]
+                self._drop(0)
                 continue
             starts = [0] + [c.start for c in self.cuts]
             gaps = [starts[i + 2] - starts[i] for i in range(len(self.cuts) - 1)]
-            del self.cuts[gaps.index(min(gaps))]
+            self._drop(gaps.index(min(gaps)))
         if self.nbytes > self.budget:
-            self.cuts.clear()
+            while self.cuts:
+                self._drop(0)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the cuts hold together, each value once, inputs and weights not counted (values alive
-        in the run are counted: they stay alive past their last use)."""
-        seen: dict[int, int] = {id(t): 0 for t in self.flat}  # inputs and weights: held by their owner
-        for c in self.cuts:
-            for v in (*c.fx_env.values(), *c.onnx_env.values()):
-                seen.setdefault(id(v), _bytes((v,)))
-        return sum(seen.values())
+    def _drop(self, i: int) -> None:
+        self._hold(self.cuts.pop(i), -1)
+        self._counted -= 1
+
+    def _hold(self, cut: Cut, step: int) -> None:
+        """Count (or uncount) the values ``cut`` holds: each value once over all cuts, inputs and
+        weights never (their owner holds them)."""
+        for v in (*cut.fx_env.values(), *cut.onnx_env.values()):
+            key = id(v)
+            if key in self._flat_ids:
+                continue
+            held = self._held.get(key)
+            if held is None:
+                held = self._held[key] = [_bytes((v,)), 0]
+            if held[1] == 0 and step > 0:
+                self.nbytes += held[0]
+            held[1] += step
+            if held[1] == 0:
+                self.nbytes -= held[0]
+                del self._held[key]
 
     def restart_point(self, key: tuple, reset: frozenset, producer: dict[str, int]) -> Cut | None:
         """The last kept cut valid for a run with ``key`` and ``reset``: no node before it reads a
@@ -133,6 +154,7 @@ class RunCuts:
     def inherit(self, before: RunCuts, cut: Cut) -> None:
         """A restarted run computed what ``before`` did up to ``cut``: its cuts up to there stay valid."""
         self.cuts = [c for c in before.cuts if c.start <= cut.start]
+        self._fit()
 
 
 def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget: int | None):
