@@ -177,8 +177,8 @@ class ProgramShadow:
         try:
             for position in range(self.position, min(upto + 1, len(self._nodes))):
                 n = self._nodes[position]
-                if n.op == "placeholder":
-                    self._values[n.name] = upcast(next(self._flat))
+                if n.op == "placeholder":  # upcast where read (_call): never every weight in float64 at once
+                    self._values[n.name] = next(self._flat)
                 elif n.op == "call_function":
                     small = _numel(n.meta.get("val")) < SMALL  # torch's pool only for big values
                     if threads > 1 and small != single:
@@ -204,7 +204,7 @@ class ProgramShadow:
 
     def get(self, name: str) -> torch.Tensor | None:
         value = self._values.get(name)
-        return value if isinstance(value, torch.Tensor) else None
+        return upcast(value) if isinstance(value, torch.Tensor) else None
 
     def settle(self) -> None:
         """Free the kept values whose last reader has been computed."""

@@ -317,7 +317,9 @@ class Judging:
 
     def _too_big_for_float64(self) -> str:
         p = self.p
-        need = p.weight_bytes * 8 // max(1, _smallest_float_size(p)) + 4 * p.live_bytes
+        # weights are raised to float64 where read (one at a time); the live set all in float64
+        largest = max((t.numel() * t.element_size() for t in p.decomposed_ep.state_dict.values()), default=0)
+        need = (largest + 4 * p.live_bytes) * 8 // max(1, _smallest_float_size(p))
         available = available_memory()
         if available is not None and need > available // 2:
             return f"no whole-program float64 run: it needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} free"
