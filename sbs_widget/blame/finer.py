@@ -117,7 +117,7 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
     anchors_fx = {a: twins[a] for a in g.anchors if a in twins}
     anchor_ph = anchor_placeholders(node, anchors_fx, placeholder_fx)
     initializers = set(g.constants) | set(index.initializers)
-    oflow = OnnxFlow(index, group_nodes, set(anchor_ph), initializers, elem_type(index, value))
+    oflow = OnnxFlow(index, group_nodes, initializers, elem_type(index, value))
     fflow = FxFlow(gm, set(anchor_ph.values()))
     paired = pair(oflow, fflow, anchor_ph)
     if not paired:

@@ -53,12 +53,11 @@ def op_name(f: torch.fx.Node) -> str:
 class OnnxFlow:
     """The group's ONNX nodes read as carriers, constants and computing nodes."""
 
-    def __init__(self, index, group_nodes, anchors: set, initializers: set, out_type: int):
+    def __init__(self, index, group_nodes, initializers: set, out_type: int):
         from sbs_widget.blame.inside import elem_type
 
         self.nodes = [n for n in group_nodes if n.output]
         self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.anchors = anchors
         self.carry: dict[str, str] = {}   # carrier output -> its input
         self.const: set[str] = set(initializers)
         for n in self.nodes:
