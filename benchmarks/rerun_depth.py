@@ -8,7 +8,7 @@ the medians reported with their ratio. The first run (which keeps the cuts) is t
 keeping none, to show what keeping costs. Records of both reruns are checked equal.
 
     python benchmarks/rerun_depth.py                                   # LLaMA 8 layers, hidden 256
-    python benchmarks/rerun_depth.py --layers 8 --hidden 2048 --seq 256 --batch 1 --repeat 3   # ~1.2 GB
+    python benchmarks/rerun_depth.py --model-dir /tmp/sbs_big/llama_1g --repeat 2   # 1.2 GB (big_memory.py build)
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--depths", default="0.1,0.5,0.9")
+    ap.add_argument("--model-dir", default=None,
+                    help="a folder with user.pt2, model.onnx and inputs.pt (benchmarks/big_memory.py build) instead "
+                         "of a LLaMA exported here")
     a = ap.parse_args()
 
     import warnings
@@ -36,11 +39,22 @@ def main() -> int:
     from sbs_widget.engine.restart import REUSED
     from sbs_widget.samples import zoo
 
-    ep, prog, args, kwargs = zoo.export("llama", layers=a.layers, hidden=a.hidden, seq=a.seq, batch=a.batch)
-    p = prepare(ep, prog.model_proto)
-    weights = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
-    print(f"LLaMA {a.layers} layers, hidden {a.hidden}, seq {a.seq}, batch {a.batch}: weights {weights / 2**20:.0f} MiB, "
-          f"{len(p.index.nodes)} ONNX nodes, live set {p.live_bytes / 2**20:.1f} MiB")
+    if a.model_dir:
+        import os
+
+        from sbs_widget.load.readers import load_inputs
+
+        ep = os.path.join(a.model_dir, "user.pt2")
+        p = prepare(ep, os.path.join(a.model_dir, "model.onnx"))
+        args, kwargs = load_inputs(os.path.join(a.model_dir, "inputs.pt"), None)
+        what = a.model_dir
+    else:
+        ep, prog, args, kwargs = zoo.export("llama", layers=a.layers, hidden=a.hidden, seq=a.seq, batch=a.batch)
+        p = prepare(ep, prog.model_proto)
+        what = f"LLaMA {a.layers} layers, hidden {a.hidden}, seq {a.seq}, batch {a.batch}"
+    weights = p.weight_bytes
+    print(f"{what}: weights {weights / 2**20:.0f} MiB, {len(p.index.nodes)} ONNX nodes, "
+          f"live set {p.live_bytes / 2**20:.1f} MiB")
 
     def timed(**kw):
         start = time.perf_counter()
