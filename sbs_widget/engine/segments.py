@@ -40,21 +40,50 @@ class Segment:
 
 
 def plan_segments(n_nodes: int, cuts: set[int], node_bytes: list[int], budget: int,
-                  max_nodes: int) -> list[tuple[int, int]]:
+                  max_nodes: int, weights: tuple[list[int], int] | None = None) -> list[tuple[int, int]]:
     """Node ranges in graph order. A segment ends when the values it hands back would exceed
-    ``budget`` bytes (they are alive at once), after ``max_nodes`` nodes, and after each node in
-    ``cuts`` (the producers of reset values)."""
+    ``budget`` bytes (they are alive at once), after ``max_nodes`` nodes, after each node in
+    ``cuts`` (the producers of reset values), and, with ``weights`` = (bytes of weights each node
+    reads, budget), when the weights it reads would exceed that budget (``half_weights_budget``)."""
     edges = [0]
-    acc = count = 0
+    acc = count = read = 0
+    per_node, weight_budget = weights if weights is not None else (None, 0)
     for i in range(n_nodes):
         acc += node_bytes[i]
         count += 1
-        if i in cuts or acc >= budget or count >= max_nodes:
+        read += per_node[i] if per_node is not None else 0
+        if i in cuts or acc >= budget or count >= max_nodes or (per_node is not None and read >= weight_budget):
             edges.append(i + 1)
-            acc = count = 0
+            acc = count = read = 0
     if edges[-1] != n_nodes:
         edges.append(n_nodes)
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+# Half-precision weights per segment, as a share of all the weights: onnxruntime's CPU kernels lack
+# most float16 / bfloat16 ops, so it casts their inputs to float32 where they are read, weights fed as
+# inputs included, and its sequential executor runs the casts of a segment's weights early: a segment
+# then holds a float32 copy of every weight it reads (measured on a 0.6 GB float16 LLaMA: +0.54 GB in
+# a segment reading 448 MB; with segments reading 1/8 of the weights, +0.1 GB).
+HALF_WEIGHTS_SHARE = 8
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def half_weights_budget(index: OnnxIndex) -> tuple[list[int], int] | None:
+    """(bytes of float16 / bfloat16 weights each node reads, the budget per segment), or None when
+    the model has no big half-precision weights (float32 kernels read weights in place)."""
+    per_node, total = [], 0
+    for inputs in index.node_inputs:
+        n = 0
+        for x in inputs:
+            t = index.initializers.get(x)
+            if t is not None and t.data_type in _HALF and index.initializer_numel(x) > SMALL_INITIALIZER:
+                n += 2 * index.initializer_numel(x)
+        per_node.append(n)
+        total += n
+    if not total:
+        return None
+    return per_node, max(total // HALF_WEIGHTS_SHARE, 1 << 20)
 
 
 def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],
