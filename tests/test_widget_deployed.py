@@ -17,15 +17,7 @@ from sbs_widget.views.deployed_check import json_safe
 from sbs_widget.views.fallback import deployed_html
 from sbs_widget.views.widget import SbsWidget
 from tests.engine_models import export_module
-
-DENORMAL = "session.set_denormal_as_zero"
-
-
-class Denormal(torch.nn.Module):
-    """Values of ~1e-39 (float32 denormals) scaled back to ~0.1: flushed to zero, they become 0."""
-
-    def forward(self, x):
-        return (x * 1e-39) * 1e38
+from tests.test_deployed import DENORMAL, Denormal
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +25,6 @@ def denormal():
     x = torch.rand(16, 16) + 0.5
     ep, prog = export_module(Denormal(), (x,))
     return ep, prog.model_proto, (x,)
-
 
 def _json(state: dict) -> dict:
     """What the view receives: strict JSON (no NaN / Infinity literals)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
+from sbs_widget.load.lean_onnx import encode_varint, read_varint
 from sbs_widget.load.onnx_index import OnnxIndex
 
 # Initializers up to this many elements are copied into segment models (shapes, axes, scalars);
@@ -199,7 +200,7 @@ class SerializedNodes:
         while pos < end:
             if data[pos] != tag:
                 raise ValueError("unexpected field in a serialized GraphProto")
-            length, pos = _read_varint(data, pos + 1)
+            length, pos = read_varint(data, pos + 1, len(data))
             pos += length
             offsets.append(pos)
         self.offsets = offsets
@@ -226,26 +227,8 @@ def _serialized_nodes(index: OnnxIndex) -> SerializedNodes:
     return nodes
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return _SMALL_VARINTS[n] if n < 0x80 else encode_varint(n)
 
 
 _SMALL_VARINTS = [bytes([n]) for n in range(0x80)]

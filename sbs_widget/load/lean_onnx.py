@@ -46,7 +46,8 @@ class Malformed(ValueError):
     """The bytes are not the protobuf this reader expects: the caller falls back to ``onnx.load``."""
 
 
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``pos`` in ``buf`` (before ``end``) and the position after it."""
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -64,14 +65,14 @@ def _fields(buf, pos: int, end: int):
     for a varint, value start is the value itself."""
     while pos < end:
         start = pos
-        key, pos = _varint(buf, pos, end)
+        key, pos = read_varint(buf, pos, end)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, pos = _varint(buf, pos, end)
+            value, pos = read_varint(buf, pos, end)
             yield field, wire, start, value, pos
             continue
         if wire == 2:
-            length, pos = _varint(buf, pos, end)
+            length, pos = read_varint(buf, pos, end)
             value, pos = pos, pos + length
         elif wire == 1:
             value, pos = pos, pos + 8
@@ -84,7 +85,8 @@ def _fields(buf, pos: int, end: int):
         yield field, wire, start, value, pos
 
 
-def _encode_varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
+    """``n`` as a protobuf varint."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -94,7 +96,7 @@ def _encode_varint(n: int) -> bytes:
 
 
 def _record(field: int, payload: bytes) -> bytes:
-    return _encode_varint((field << 3) | 2) + _encode_varint(len(payload)) + payload
+    return encode_varint((field << 3) | 2) + encode_varint(len(payload)) + payload
 
 
 def _expected_bytes(data_type: int, dims: list[int]) -> int | None:
@@ -118,7 +120,7 @@ def _lean_tensor(buf, start: int, end: int, location: str) -> tuple[list, tuple 
             else:  # packed
                 pos = value
                 while pos < stop:
-                    d, pos = _varint(buf, pos, stop)
+                    d, pos = read_varint(buf, pos, stop)
                     dims.append(d)
         elif field == _T_DATA_TYPE and wire == 0:
             data_type = value
@@ -137,7 +139,7 @@ def _lean_tensor(buf, start: int, end: int, location: str) -> tuple[list, tuple 
             pieces.append(buf[rec_start:stop])
     for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(raw[1]))):
         pieces.append(_record(_T_EXTERNAL, _record(1, key.encode()) + _record(2, value.encode())))
-    pieces.append(_encode_varint(_T_LOCATION << 3) + _encode_varint(onnx.TensorProto.EXTERNAL))
+    pieces.append(encode_varint(_T_LOCATION << 3) + encode_varint(onnx.TensorProto.EXTERNAL))
     return pieces, (name, raw[0], raw[1])
 
 
