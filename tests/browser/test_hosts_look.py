@@ -106,6 +106,7 @@ def report_data(tmp_path_factory):
             init.CopyFrom(numpy_helper.from_array(v, init.name))
     w = sbs_widget.SbsWidget(program.exported_program, proto, inputs, title="dummy_llm · fc1.bias altered in ONNX")
     w.wait()
+    w.check_deployed(wait=True)  # the as-deployed banner in the report too (verdict export: a warning colour)
     page = w.save_html(tmp_path_factory.mktemp("hosts") / "report.html").read_text(encoding="utf-8")
     m = re.search(r'<script type="application/json" id="sbs-data">(.*?)</script>', page, re.S)
     return m.group(1)  # JSON with <, >, & escaped: safe to put back in a script element
@@ -162,6 +163,10 @@ PROBE = """(root) => {
     nodeText: texts.map(t => [t.closest('g.node').dataset.tone || '', cs(t).fill]),
     clusterText: [...root.querySelectorAll('.sbsg-viewport svg g.cluster > text')].map(t => cs(t).fill),
     edge: [...root.querySelectorAll('.sbsg-viewport svg g.edge > path')].slice(0, 1).map(p => cs(p).stroke),
+    deployed: (() => { const d = root.querySelector('.sbs-deployed'); const v = root.querySelector('.sbs-deployed-verdict');
+      const hint = root.querySelector('.sbs-deployed-hint');
+      return d && v ? { bg: cs(d).backgroundColor, fg: cs(d).color, verdict: [v.dataset.verdict, cs(v).color],
+                        hint: hint ? cs(hint).color : null, hidden: d.hidden } : null; })(),
   };
 }"""
 
@@ -219,6 +224,13 @@ def test_view_follows_the_host(host, chromium, report_data, tmp_path):
         for fill in plain + [_rgba(f) for f in got["clusterText"]]:
             assert _contrast(fill[:3], canvas) >= 4.5, (host, fill, got["canvas"])
         assert _contrast(_rgba(got["edge"][0])[:3], canvas) >= 2.0, (host, got["edge"])  # lines, not text
+        # the as-deployed banner: its text and verdict readable on its own background
+        d = got["deployed"]
+        assert d is not None and not d["hidden"], got["deployed"]
+        banner = _over(_rgba(d["bg"]), bg)
+        assert d["verdict"][0] == "export"
+        for colour in [d["fg"], d["verdict"][1]] + ([d["hint"]] if d["hint"] else []):
+            assert _contrast(_over(_rgba(colour), banner), banner) >= 4.5, (host, colour, d["bg"])
         assert not errors, errors
 
         shots = REPO / "docs" if SCREENSHOT_TO_DOCS else tmp_path
