@@ -72,3 +72,16 @@ def test_every_node_of_a_transformer_is_compared_or_explained(name):
     nodes = [n.name for n in exported.user_ep.graph.nodes if value_producing(n)]
     assert not [n for n in nodes if n not in _named(records)]
     assert not [r for r in records if r.status == "one-sided" and not r.comment]
+
+
+def test_every_onnx_only_value_inside_a_translation_says_which():
+    """A value the exporter wrote inside an FX node's translation (the MatMul before a Linear's bias,
+    the Transpose of its weight) has no FX twin: its record names the FX node and the kind of value."""
+    ep, prog, args, kwargs = zoo.export("bert", optimize=False)
+    records = [r for r in sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs)
+               if r.status == "one-sided" and r.onnx_name and not r.ep_name]
+    assert records
+    assert all("inside the translation of FX node" in r.comment for r in records), \
+        [r.comment for r in records if "inside the translation" not in r.comment][:3]
+    matmuls = [r for r in records if r.onnx_op_type == "MatMul"]
+    assert matmuls and all("a partial value (MatMul)" in r.comment and "'linear" in r.comment for r in matmuls)

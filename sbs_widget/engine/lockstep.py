@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.align.inner_values import onnx_only_reasons
 from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import Cancel, where_in
 from sbs_widget.engine.fx_runner import FxRunner, program_outputs
@@ -199,6 +200,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         records: list[tuple[Record, str | None, str | None]] = []
         compares = []
         duplicate_of, reshaped = p.alignment.duplicate_of, p.alignment.reshaped
+        inside = onnx_only_reasons(p)
         shapes: list[tuple[Record, str]] = []  # (record of a reshaped alias, the torch value's shape)
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
@@ -212,7 +214,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                 continue
             if fx_name is None:  # ONNX only
                 rec.status = R.ONE_SIDED
-                rec.comment = "ONNX only"
+                rec.comment = inside.get(p.index.producer.get(o, -1), "ONNX only")
                 if o in onnx_errors:
                     rec.status = R.ERROR
                     rec.comment = _join(rec.comment, onnx_errors[o])
