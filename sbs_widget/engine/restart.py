@@ -67,31 +67,25 @@ class RunCuts:
         values all at hand): at node boundaries ``every`` nodes apart where every value crossing
         the boundary is at hand (handed back by a segment), each with only what the rest needs."""
         p = run.p
-        producer, last_reader = p.index.producer, p.last_reader
-        at = [c for c in range(a + 1, b + 1) if c % every == 0 or c == b]
-        if not at:
+        plan = _boundaries(p, a, b, every)
+        if not plan:
             return
-        seg_records = self.records[n_before:]
-        made = [producer.get(r.onnx_name, -1) for r in seg_records]
+        producer = p.index.producer
+        made = [producer.get(r.onnx_name, -1) for r in self.records[n_before:]]
         release = set(run.release_at[s])
-        later_fx = {n for n in run.runner.env if n not in release}
-        to_fx, aliases = p.alignment.onnx_to_fx, p.alignment.aliases
-        inputs = set(p.index.inputs)
-        for c in at:
-            crossing = [v for v, last in last_reader.items() if last >= c and (producer.get(v, c) < c or v in inputs)]
-            if not all(v in run.onnx_env for v in crossing):
+        env_now, onnx_now = run.runner.env, run.onnx_env
+        later_fx = {n for n in env_now if n not in release}
+        times, fx_errors, onnx_errors = dict(run.fx_times), dict(run.fx_errors), dict(run.onnx_errors)
+        new_sources = {f: producer.get(p.alignment.twin(f) or "", b) for f in run.sources - sources_before}
+        for c, crossing, twins_after in plan:
+            if not all(v in onnx_now for v in crossing):
                 continue  # a value only the segment saw: no state to restart from here
-            needed = set(later_fx)
-            for v in crossing + [o for o, i in producer.items() if c <= i < b]:
-                needed.update(n for n in [to_fx.get(v), *aliases.get(v, ())] if n)
-            env = {n: v for n, v in run.runner.env.items() if n in needed}
-            onnx_env = {v: run.onnx_env[v] for v in crossing}
-            n_records = n_before + sum(1 for i in made if i < c)
-            new_sources = {f for f in run.sources - sources_before
-                           if producer.get(p.alignment.twin(f) or "", b) < c}
-            self.cuts.append(Cut(c, run.runner.position, env, dict(run.fx_times), dict(run.fx_errors), onnx_env,
-                                 {v: run.onnx_shapes[v] for v in crossing if v in run.onnx_shapes},
-                                 dict(run.onnx_errors), sources_before | new_sources, run.done, n_records, 0))
+            env = {n: v for n, v in env_now.items() if n in later_fx or n in twins_after}
+            self.cuts.append(Cut(c, run.runner.position, env, times, fx_errors,
+                                 {v: onnx_now[v] for v in crossing},
+                                 {v: run.onnx_shapes[v] for v in crossing if v in run.onnx_shapes}, onnx_errors,
+                                 sources_before | {f for f, i in new_sources.items() if i < c}, run.done,
+                                 n_before + sum(1 for i in made if i < c)))
         self._fit()
 
     def _fit(self) -> None:
@@ -155,6 +149,27 @@ class RunCuts:
         """A restarted run computed what ``before`` did up to ``cut``: its cuts up to there stay valid."""
         self.cuts = [c for c in before.cuts if c.start <= cut.start]
         self._fit()
+
+
+def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set[str]]]:
+    """The candidate cuts in segment ``[a, b)``, worked out once per prepared pair: ``(c, the ONNX
+    values crossing c (produced before, read at or after, or inputs read after), the FX names whose
+    values the rest of the segment compares or the crossing values stand for)``."""
+    cache = p.__dict__.setdefault("_cut_boundaries", {})
+    key = (a, b, every)
+    if key in cache:
+        return cache[key]
+    producer, last_reader = p.index.producer, p.last_reader
+    to_fx, aliases, inputs = p.alignment.onnx_to_fx, p.alignment.aliases, set(p.index.inputs)
+    plan = []
+    for c in [c for c in range(a + 1, b + 1) if c % every == 0 or c == b]:
+        crossing = [v for v, last in last_reader.items() if last >= c and (producer.get(v, c) < c or v in inputs)]
+        twins: set[str] = set()
+        for v in crossing + [o for o, i in producer.items() if c <= i < b]:
+            twins.update(n for n in [to_fx.get(v), *aliases.get(v, ())] if n)
+        plan.append((c, crossing, twins))
+    cache[key] = plan
+    return plan
 
 
 def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget: int | None):
