@@ -74,13 +74,16 @@ class RunCuts:
         made = [producer.get(r.onnx_name, -1) for r in self.records[n_before:]]
         release = set(run.release_at[s])
         env_now, onnx_now = run.runner.env, run.onnx_env
-        later_fx = {n for n in env_now if n not in release}
+        fed = p.__dict__.get("_placeholder_names")
+        if fed is None:  # inputs and weights: the restarted run is fed them again
+            fed = p.__dict__["_placeholder_names"] = {n.name for n in p.fx_nodes if n.op == "placeholder"}
+        later_fx = {n for n in env_now if n not in release and n not in fed}
         times, fx_errors, onnx_errors = dict(run.fx_times), dict(run.fx_errors), dict(run.onnx_errors)
         new_sources = {f: producer.get(p.alignment.twin(f) or "", b) for f in run.sources - sources_before}
         for c, crossing, twins_after in plan:
             if not all(v in onnx_now for v in crossing):
                 continue  # a value only the segment saw: no state to restart from here
-            env = {n: v for n, v in env_now.items() if n in later_fx or n in twins_after}
+            env = {n: v for n, v in env_now.items() if n in later_fx or (n in twins_after and n not in fed)}
             self.cuts.append(Cut(c, run.runner.position, env, times, fx_errors,
                                  {v: onnx_now[v] for v in crossing},
                                  {v: run.onnx_shapes[v] for v in crossing if v in run.onnx_shapes}, onnx_errors,
@@ -197,7 +200,7 @@ def default_budget(p) -> int:
 
 def restore(run, cut: Cut) -> int:
     """Put ``run`` (a fresh ``LockstepRun``) in the state ``cut`` kept; returns the segment to go on at."""
-    run.runner.env = dict(cut.fx_env)
+    run.runner.env.update(cut.fx_env)  # (after the inputs and weights, fed as for a first run)
     run.runner.position = cut.fx_position
     run.fx_times.update(cut.fx_times)
     run.fx_errors.update(cut.fx_errors)
