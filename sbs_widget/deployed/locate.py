@@ -18,14 +18,7 @@ import onnx
 from sbs_widget.deployed.result import Location, output_errors, rounding
 from sbs_widget.deployed.sessions import SessionFailed
 from sbs_widget.deployed.settings import CPU, INSERTED
-
-
-def torch_numpy_dtype(dtype):
-    """numpy's dtype for a torch floating dtype numpy has (None for bfloat16 and others)."""
-    import torch
-
-    return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-            torch.float64: np.dtype(np.float64)}.get(dtype)
+from sbs_widget.dtypes import NO_NUMPY_DTYPES, numpy_dtype, onnx_elem_type
 
 
 def locate(sessions, setting, deployed_path: str | None, original: onnx.ModelProto, onnx_to_fx: dict[str, str],
@@ -98,7 +91,8 @@ def locate(sessions, setting, deployed_path: str | None, original: onnx.ModelPro
 
 def _as_torch_type(array: np.ndarray, t) -> np.ndarray:
     """A value the provider computed in another type (float32 for float16) back in torch's type."""
-    want = getattr(torch_numpy_dtype(t.dtype), "type", None)
+    code = onnx_elem_type(t.dtype)
+    want = numpy_dtype(code) if code is not None and t.dtype not in NO_NUMPY_DTYPES else None
     return array.astype(want) if want is not None and array.dtype.kind == "f" and array.dtype != want else array
 
 

@@ -43,7 +43,6 @@ class Cut:
     sources: set
     done: int
     n_records: int
-    nbytes: int = 0
 
 
 class RunCuts:
