@@ -76,3 +76,23 @@ def test_the_cuts_stay_within_their_budget(llama):
     list(p.run(args, kwargs, keep_cuts=200_000))
     kept = p._run_cuts
     assert kept.nbytes <= 200_000 and kept.budget == 200_000
+
+
+def test_float16_restarts_only_where_a_full_rerun_cuts_too():
+    """onnxruntime's CPU provider keeps float16 values in float32 between nodes of one segment: a
+    float16 rerun restarts at segment ends only, so its records stay those of a full rerun, also
+    after a chain of reruns."""
+    ep, prog, args, kwargs = zoo.export("llama", layers=4, hidden=64, seq=16, batch=2, dtype=torch.float16)
+    p = prepare(ep, prog.model_proto)
+    first = list(p.run(args, kwargs, segment_nodes=40))
+    pairs = [r for r in _pairs(first) if r.onnx_name in p.index.producer]  # computed values only
+    restarted_any = False
+    for depth in (0.3, 0.8, 0.5):
+        target = pairs[int(len(pairs) * depth)].onnx_name
+        restarted = list(p.run(args, kwargs, reset_names=[target], segment_nodes=40))
+        full = list(p.run(args, kwargs, reset_names=[target], segment_nodes=40, keep_cuts=0))
+        assert _figures(restarted) == _figures(full), depth
+        restarted_any |= any(REUSED in (r.comment or "") for r in restarted)
+    assert restarted_any
+    edges = {b for _, b in p.plan({p.index.producer[target]}, 40)}  # the last rerun's segment ends
+    assert p._run_cuts.cuts and all(c.start in edges for c in p._run_cuts.cuts)

@@ -163,8 +163,12 @@ def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set
         return cache[key]
     producer, last_reader = p.index.producer, p.last_reader
     to_fx, aliases, inputs = p.alignment.onnx_to_fx, p.alignment.aliases, set(p.index.inputs)
+    # A half-precision program restarts at segment ends only: onnxruntime's CPU provider computes
+    # float16 ops in float32 and keeps a value in float32 for a reader in the same segment, so a
+    # boundary inside a segment changes its last bits (a rerun cut there would not be the full rerun).
+    half = any(getattr(d, "is_floating_point", False) and d.itemsize == 2 for d in p.alignment.fx_dtypes)
     plan = []
-    for c in [c for c in range(a + 1, b + 1) if c % every == 0 or c == b]:
+    for c in [c for c in range(a + 1, b + 1) if (c % every == 0 and not half) or c == b]:
         crossing = [v for v, last in last_reader.items() if last >= c and (producer.get(v, c) < c or v in inputs)]
         twins: set[str] = set()
         for v in crossing + [o for o, i in producer.items() if c <= i < b]:
