@@ -6,7 +6,8 @@ the sessions used and the time.
   exported with the exporter's optimizer on; the bar is 0 verdicts other than ``same``;
 - cases: a float16 conv net whose BatchNormalization folds into float16 weights that overflow
   (``ConvBNFusion``; exported with the exporter's optimizer off, and on: it folds the BN itself, so the
-  export is at fault), and ``session.set_denormal_as_zero=1`` on values that pass through denormals.
+  export is at fault; and the same fault on the zoo's residual ``convnet``, a model the rules were not
+  written on), and ``session.set_denormal_as_zero=1`` on values that pass through denormals.
 
 Each model runs in its own process, bounded by ``--timeout-per-model``.
 
@@ -41,6 +42,18 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         # the exporter's own optimizer folds the BN too (then the export is at fault): off unless asked
         onx = torch.onnx.export(ep, args, dynamo=True, optimize=name.endswith("exporter_optimized")).model_proto
         options = None
+    elif name == "case:zoo_convnet_bn_fp16":  # the same fault on a model not used to write the rules
+        model, args, kwargs = zoo.BUILDERS["convnet"]()
+        model = model.eval()
+        conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+        bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+        with torch.no_grad():
+            conv.weight[0].mul_(3000.0); bn.running_var[0] = 1e-4; bn.weight[0] = 2.0
+        model = model.half()
+        args = tuple((a * 0.001).half() if a.is_floating_point() else a for a in args)
+        ep = torch.export.export(model, args, kwargs)
+        onx = torch.onnx.export(ep, args, kwargs=kwargs, dynamo=True, optimize=False).model_proto
+        options = None
     elif name == "case:denormal_as_zero":
         from tests.test_deployed import Denormal
         args = (torch.rand(16, 16) + 0.5,); kwargs = {}
@@ -74,7 +87,7 @@ def main() -> int:
     jobs = [(m, d) for m in a.models.split(",") for d in a.dtypes.split(",")]
     if not a.no_cases:
         jobs += [("case:conv_bn_fp16", "float16"), ("case:conv_bn_fp16_exporter_optimized", "float16"),
-                 ("case:denormal_as_zero", "float32")]
+                 ("case:zoo_convnet_bn_fp16", "float16"), ("case:denormal_as_zero", "float32")]
     rows = []
     print(f"{'model':24s} {'dtype':8s} {'verdict':15s} {'written':>9s} {'deployed':>9s} {'sessions':>8s} {'s':>6s}  cause")
     for name, dtype in jobs:
