@@ -24,6 +24,7 @@ KIND_INPUT = "input"
 KIND_WEIGHT = "weight"
 KIND_NODE = "node"
 KIND_OUTPUT = "output"
+KIND_INNER = "inner"     # a value inside the ONNX translation of one FX node (``inner_of``)
 
 
 @dataclass(slots=True)  # thousands per run: slots make them smaller and faster to fill
@@ -91,6 +92,10 @@ class Record:
     ref_scale: float | None = None   # max |reference|
     noise: bool | None = None        # beyond tolerance by rounding alone (see engine/noise.py)
     local_noise: bool | None = None  # the ONNX node on torch inputs rounds like torch (creates nothing)
+    # inner values (kind "inner"): the FX node whose ONNX translation computes this value, and the op of
+    # the finer torch reference it is compared with (None when it cannot be paired: see the comment)
+    inner_of: str | None = None
+    inner_op: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
