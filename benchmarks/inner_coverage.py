@@ -1,6 +1,7 @@
 """Issue 32's coverage: the share of the ONNX graph's floating-point values (outputs of non-Constant
 nodes, typed by ONNX shape inference) that get a compared record from ``run_aligned``, per model, with
-the exporter's optimizer off and on, and the values left uncompared by op type.
+the exporter's optimizer off, on, and on then fused for onnxruntime (``zoo.fused_for_ort``), and the
+values left uncompared by op type. ``SBS_WIDGET_INNER=0`` gives the figures without inner values.
 
     python benchmarks/inner_coverage.py                       # llama, gpt2, bert, vit
     python benchmarks/inner_coverage.py --models llama,qwen2
@@ -25,15 +26,17 @@ def main() -> int:
 
     from sbs_widget.engine.entry import prepare
     from sbs_widget.samples import zoo
+    from sbs_widget.samples.zoo import fused_for_ort
 
     print(f"{'model':8s} {'optimize':8s} {'float values':>12s} {'compared':>9s}  left uncompared (by op)")
     for name in a.models.split(","):
-        for optimize in (False, True):
-            ep, prog, args, kwargs = zoo.export(name, optimize=optimize)
-            p = prepare(ep, prog.model_proto)
+        for optimize in (False, True, "ort"):
+            ep, prog, args, kwargs = zoo.export(name, optimize=bool(optimize))
+            model = fused_for_ort(prog.model_proto) if optimize == "ort" else prog.model_proto
+            p = prepare(ep, model)
             records = list(p.run(args, kwargs))
             compared = {r.onnx_name for r in records if r.onnx_name and r.status not in ("one-sided", "error")}
-            inferred = onnx.shape_inference.infer_shapes(prog.model_proto)
+            inferred = onnx.shape_inference.infer_shapes(model)
             types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.output]}
             values = [o for n in p.index.nodes if n.op_type != "Constant" for o in n.output
                       if o and types.get(o, getattr(p.index.types.get(o), "elem_type", 0)) in FLOAT]

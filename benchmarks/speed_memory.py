@@ -7,6 +7,8 @@ Printed per model (medians over --repeat runs, each measurement in a fresh subpr
 - ours / floor             (target <= 2.0): prepare + first run (sessions compiled), decomposed EP given;
 - ours node_local / floor  (target <= 3.0);
 - rerun / floor            a rerun on the prepared pair (reset experiments pay only this);
+- ours / ours_outer        the cost of comparing the values inside translations (issue 32, target <= 1.3):
+                           the same run with them left uncompared (SBS_WIDGET_INNER=0), side by side;
 - onnx-diagnostic / ours   (target >= 20 on the tiny model): its run_aligned on the same decomposed EP;
 - decomposition (s)        the one-time cost when the user hands over the user EP (cached afterwards);
 - memory ratio             peak RSS above the loaded state / (weights + largest live set of the
@@ -256,7 +258,7 @@ def measure(mode: str, name: str, cache: str) -> dict:
         with PeakRss() as mem:
             out["seconds"] = _plain_session_run(decomposed, data, args, kwargs)
         out["rss_above"] = mem.above
-    elif mode in ("ours", "ours_local"):
+    elif mode in ("ours", "ours_local", "ours_outer"):
         from sbs_widget.engine import metrics
         from sbs_widget.engine.entry import prepare
 
@@ -308,7 +310,10 @@ def measure(mode: str, name: str, cache: str) -> dict:
 
 def _spawn(mode: str, name: str, cache: str) -> dict:
     cmd = [sys.executable, __file__, "--one", mode, "--models", name, "--cache", cache]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    # ours_outer: the same run with the values inside translations left uncompared (what each costs)
+    env = {**os.environ, "SBS_WIDGET_INNER": "0"} if mode == "ours_outer" else None
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)),
+                         env=env)
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not line:
         raise RuntimeError(f"{mode} on {name} failed:\n{res.stderr[-3000:]}")
@@ -327,7 +332,7 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.one, args.models, args.cache)))
         return 0
     cache = args.cache or tempfile.mkdtemp(prefix="sbs_bench_")
-    modes = ["floor", "onnxruntime", "ours", "ours_local", "decompose"]
+    modes = ["floor", "onnxruntime", "ours", "ours_outer", "ours_local", "decompose"]
     if not args.no_reference:
         try:
             import onnx_diagnostic  # noqa: F401
@@ -353,6 +358,10 @@ def main(argv=None) -> int:
             "ours/floor": round(med["ours"] / med["floor"], 2),
             "ours_local/floor": round(med["ours_local"] / med["floor"], 2),
             "rerun/floor": round(statistics.median(x["rerun"] for x in runs["ours"]) / med["floor"], 2),
+            # the values inside translations compared (issue 32) against the same run without them
+            "ours/ours_outer": round(med["ours"] / med["ours_outer"], 2),
+            "rerun/rerun_outer": round(statistics.median(x["rerun"] for x in runs["ours"])
+                                       / statistics.median(x["rerun"] for x in runs["ours_outer"]), 2),
             "decompose_s": round(med["decompose"], 2),
             "mem_ratio": round(statistics.median(x["rss_above"] for x in runs["ours"]) / denominator, 2),
             # a rerun's peak above the prepared state (sessions built): what a reset experiment adds

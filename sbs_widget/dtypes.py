@@ -114,3 +114,16 @@ def numpy_dtype(elem_type: int) -> np.dtype | None:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, ValueError, TypeError):
         return None
+
+
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+
+def onnx_value_bytes(vt) -> int:
+    """Bytes of an ONNX value of type ``vt`` (``OnnxIndex.types``), a symbolic dimension counted as 16."""
+    if vt is None or vt.shape is None:
+        return 0
+    n = 1
+    for d in vt.shape:
+        n *= d if isinstance(d, int) and d > 0 else 16
+    return n * _ITEMSIZE.get(vt.elem_type, 4)

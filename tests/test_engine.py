@@ -26,7 +26,7 @@ def test_correct_export_has_no_false_alarm(optimize):
     # every FX value that still exists in the ONNX graph is compared; the others say why they do not
     assert s.coverage_of_present == 1.0, s.uncovered
     kinds = {r.kind for r in records}
-    assert kinds == {"input", "weight", "node", "output"}
+    assert kinds == {"input", "weight", "node", "output", "inner"}
     out = [r for r in records if r.kind == "output"]
     assert len(out) == 1 and out[0].status == "ok" and out[0].err_abs < 1e-4
 

@@ -115,7 +115,7 @@ class _Context:
         self._traced: dict[int, int | None] = {}
         self._position: dict[int, int] = {}
         for r in records:
-            if r.onnx_name is not None and r.onnx_name not in self.by_onnx:
+            if r.onnx_name is not None and r.onnx_name not in self.by_onnx and r.kind != R.KIND_INNER:
                 self.by_onnx[r.onnx_name] = r
 
     def anchors(self, value: str) -> list[str] | None:
@@ -276,7 +276,7 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
     explained: set[str] = set()  # initializers already named by a weight culprit
 
     for k, rec in enumerate(records):
-        if rec.kind == R.KIND_INPUT:
+        if rec.kind in (R.KIND_INPUT, R.KIND_INNER):  # (inner values: refine_culprits looks inside)
             continue
         if rec.kind == R.KIND_WEIGHT:
             if _beyond(rec) and rec.onnx_name:

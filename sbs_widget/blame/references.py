@@ -12,6 +12,9 @@ translation (``blame/finer.py`` pairs them with the ONNX nodes by structure):
 - softmax and log_softmax: the op itself traced by ``make_fx`` (its decomposition would split what ONNX
   keeps whole); a composite form comes out as the aten ops it is made of (``softmax(x, dtype=float32)``:
   ``_to_copy`` then ``_softmax``), the dtype conversions the exporter writes as Casts;
+- linear and addmm: a matmul (the weight transposed) then the bias added, as ONNX writes them (torch's
+  decomposition of linear gives addmm, which no single ONNX node computes);
+- rsqrt: a square root then its reciprocal, as ONNX writes it;
 - otherwise torch's own decomposition table (one level: silu -> sigmoid, mul).
 """
 
@@ -51,6 +54,25 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return torch.matmul(weights, value)
 
 
+def linear(x, weight, bias=None):
+    """linear as the exporter writes it: a matmul with the weight transposed, then the bias added (torch's
+    own decomposition fuses them into addmm, which no single ONNX node computes)."""
+    out = torch.matmul(x, weight.t())
+    return out + bias if bias is not None else out
+
+
+def addmm(bias, x, weight, *, beta=1, alpha=1):
+    """addmm as a product then a sum (ONNX MatMul then Add, or Gemm)."""
+    out = torch.mm(x, weight)
+    out = out * alpha if alpha != 1 else out
+    return out + (bias * beta if beta != 1 else bias)
+
+
+def rsqrt(x):
+    """rsqrt as ONNX writes it (Sqrt then Reciprocal): torch's decomposition keeps rsqrt whole."""
+    return torch.reciprocal(torch.sqrt(x))
+
+
 def _reference_fn(node: torch.fx.Node):
     """(callable taking the node's args and kwargs, what it is called in a reason) or None."""
     from torch._decomp import core_aten_decompositions, decomposition_table
@@ -62,6 +84,12 @@ def _reference_fn(node: torch.fx.Node):
         def fused(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
             return attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
         return fused, "torch's math definition of attention"
+    if name == "linear":
+        return linear, "linear as a matmul and a bias added"
+    if name == "rsqrt":
+        return rsqrt, "rsqrt as a square root and its reciprocal"
+    if name == "addmm":
+        return addmm, "addmm as a product and a sum"
     if isinstance(node.target, torch._ops.OpOverload) and name in _COMPOSITE:
         return node.target, f"torch's own {name}"
     table = {**decomposition_table, **core_aten_decompositions()}

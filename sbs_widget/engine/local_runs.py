@@ -10,7 +10,7 @@ import numpy as np
 from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import where_in
 from sbs_widget.engine.metrics import as_numpy, compute_errors_many, same_shape
-from sbs_widget.engine.node_local import ANCHOR, LocalGroup, local_model
+from sbs_widget.engine.node_local import ANCHOR, LocalGroup, inner_output_name, local_model
 from sbs_widget.engine.segments import SMALL_INITIALIZER, Segment
 from sbs_widget.records import Record
 
@@ -42,13 +42,31 @@ class NodeLocalRuns:
             return {}
         key, build = self._local_piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
         self.used.append(key)
+        inner = self._inner_outputs(groups)
+        names = [g.output_name(k) for k, g in enumerate(groups)]
+        values = [g.value for g in groups]
+        for k, g in enumerate(groups):
+            names += [inner_output_name(k, x) for x in inner.get(g.value, ())]
+            values += inner.get(g.value, [])
         try:
             fn = p.compiled(self.rt, key, build)
-            outs = self.cancel.call(fn, feeds, [g.output_name(k) for k, g in enumerate(groups)])
+            outs = self.cancel.call(fn, feeds, names)
         except Exception as e:  # a node-local group failed (or the run was stopped): one group at a time
             self.cancel.check(lambda e=e: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
             return self._run_local_one_by_one(groups, feeds)
-        return {g.value: o for g, o in zip(groups, outs)}
+        return dict(zip(values, outs))
+
+    def _inner_outputs(self, groups: list[LocalGroup]) -> dict[str, list[str]]:
+        """Per group value, the paired values inside its translation (``align/inner_pairs.py``) the
+        group computes: handed back too, for their err_local."""
+        p, out = self.p, {}
+        for g in groups:
+            nodes = set(g.nodes)
+            inside = [x for x in p.inner.values_of(p.alignment.onnx_to_fx.get(g.value, ""))
+                      if p.index.producer.get(x) in nodes]
+            if inside:
+                out[g.value] = inside
+        return out
 
     def _local_groups(self, seg: Segment) -> list[LocalGroup]:
         """The node-local groups of the compared values of ``seg``."""
@@ -64,7 +82,7 @@ class NodeLocalRuns:
 
     def _local_piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
         key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
-        return key, lambda: local_model(self.p.index, groups, types)[0]
+        return key, lambda: local_model(self.p.index, groups, types, self._inner_outputs(groups))[0]
 
     def _local_ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
         """The node-local piece of ``seg`` as a run will ask for it: every group's anchors fed from

@@ -12,9 +12,11 @@ import torch
 
 from sbs_widget import records as R
 from sbs_widget.align.inner_values import onnx_only_reasons
+from sbs_widget.align.twinless import why_no_twin
 from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import Cancel, where_in
 from sbs_widget.engine.fx_runner import FxRunner, program_outputs
+from sbs_widget.engine.inner_run import InnerValues
 from sbs_widget.engine.local_runs import NodeLocalRuns
 from sbs_widget.engine.measure import Measuring, _failed, _join
 from sbs_widget.engine.memory import TRIM_BYTES, return_freed_memory
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from sbs_widget.engine.prepared import Prepared
 
 
-class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
+class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
     """One comparison run over a ``Prepared`` pair; ``records()`` is the generator."""
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
@@ -50,6 +52,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         self.scratch = Scratch()  # the metrics' work buffers, for the whole run
         self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans.setdefault(device, {}), device)
         self.onnx_env: dict[str, object] = {}
+        self._finer: dict[tuple, object] = {}  # finer references of the segment being measured (inner_run.py)
         self.onnx_shapes: dict[str, tuple] = {}
         self.onnx_errors: dict[str, str] = {}
         self.fx_times: dict[str, float] = {}
@@ -157,35 +160,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
             yield rec
 
     def _one_sided_fx(self, fx_name: str) -> Record:
-        p = self.p
         rec = self._record(fx_name, None, R.KIND_NODE)
-        rec.status = R.ONE_SIDED
-        same = p.alignment.duplicate_of.get(fx_name)
-        if fx_name in p.folded_into:
-            rec.comment = f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
-        elif same in p.folded_into:
-            rec.comment = (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
-                           f"initializer {p.folded_into[same]!r}")
-        elif fx_name in p.alignment.of_input:
-            rec.comment = (f"no ONNX value: a no-op on input {p.alignment.of_input[fx_name]!r} the ONNX optimizer "
-                           "removed (its ONNX consumers read the input itself)")
-        elif fx_name in p.alignment.folded_for:
-            rec.comment = (f"no ONNX value: constant-folded into the initializer of FX node "
-                           f"{p.alignment.folded_for[fx_name]!r} (its value only goes there)")
-        elif fx_name in p.alignment.absorbed:
-            rec.comment = (f"no ONNX value: the fused {p.alignment.absorbed[fx_name]} node took in the end of "
-                           "its computation (its ONNX nodes hand out only a partial value)")
-        elif fx_name in p.alignment.fx_group:
-            ops = sorted({p.index.nodes[i].op_type for i in p.alignment.fx_group[fx_name]})
-            rec.comment = f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
-        elif fx_name in p.alignment.fused_into:
-            rec.comment = f"no ONNX value: the ONNX optimizer fused it into {p.alignment.fused_into[fx_name]}"
-        elif fx_name in p.alignment.empty:
-            rec.comment = "no ONNX value: empty (0 elements), dropped by the ONNX optimizer"
-        elif fx_name in p.fx_dead:
-            rec.comment = "no ONNX value: no output depends on it (the exporter writes no node for it)"
-        else:
-            rec.comment = "no ONNX value: removed or fused by the ONNX optimizer"
+        rec.status, rec.comment = R.ONE_SIDED, why_no_twin(self.p, fx_name)
         return rec
 
 
@@ -201,6 +177,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
         compares = []
         duplicate_of, reshaped = p.alignment.duplicate_of, p.alignment.reshaped
         inside = onnx_only_reasons(p)
+        inner_pairs, inner_of, inner = p.inner.pairs, p.inner.of, []
         shapes: list[tuple[Record, str]] = []  # (record of a reshaped alias, the torch value's shape)
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
@@ -212,9 +189,17 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                     alias.status, alias.comment = R.ONE_SIDED, self.vanished[o]
                     records.append((alias, None, None))
                 continue
+            if o in inner_pairs:  # inside a translation, paired with a finer torch reference
+                item = self._inner_item(rec, o)
+                records.append((rec, None, o if item[1] is not None else None))
+                if item[1] is not None:
+                    compares.append(item)
+                    inner.append(item)
+                continue
             if fx_name is None:  # ONNX only
+                rec.inner_of = inner_of.get(o)
                 rec.status = R.ONE_SIDED
-                rec.comment = inside.get(p.index.producer.get(o, -1), "ONNX only")
+                rec.comment = rec.comment or inside.get(p.index.producer.get(o, -1), "ONNX only")
                 if o in onnx_errors:
                     rec.status = R.ERROR
                     rec.comment = _join(rec.comment, onnx_errors[o])
@@ -266,8 +251,12 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                                               if o in local and fx is not None and rec.status != R.ERROR], local)
         if self.reference:
             self._judge_segment(records, local, local_scale)
+        if inner:
+            self._judge_inner(inner, local)
         reset, exc = self.reset, self.exc
         for rec, fx_name, o in records:
+            if rec.kind == R.KIND_INNER and o is not None and o in reset and o in inner_pairs:
+                self._reset_inner(rec, o)
             if reset and o is not None and o in reset and rec.ep_name == fx_name == p.alignment.onnx_to_fx.get(o):
                 try:
                     onnx_env[o] = self._to_feed(env[fx_name], o)
@@ -318,6 +307,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging):
                 self.current_segment = s
                 n_before, sources_before = len(kept.records) if kept else 0, set(self.sources)
                 yield from self._segment_records(seg, seconds)
+                self._finer.clear()
                 if kept is not None:
                     kept.take(self, s, a, b, n_before, sources_before, every)
                 self._free_onnx(seg)

@@ -32,6 +32,11 @@ class LocalGroup:
         return f"sbs_local{k}::{self.value}"
 
 
+def inner_output_name(k: int, value: str) -> str:
+    """The name of ``value``, inside group ``k``, in a node-local model (as the group renames it)."""
+    return f"sbs_local{k}::{value}"
+
+
 @dataclass
 class LocalPlan:
     groups: list[LocalGroup] = field(default_factory=list)
@@ -78,10 +83,11 @@ def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | N
     return LocalGroup(value, sorted(nodes), anchors, constants)
 
 
-def local_model(index: OnnxIndex, groups: list[LocalGroup],
-                feed_types: dict[str, int]) -> tuple[onnx.ModelProto, LocalPlan]:
+def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str, int],
+                inner: dict[str, list[str]] | None = None) -> tuple[onnx.ModelProto, LocalPlan]:
     """One model holding every group, values renamed per group; anchors are inputs named
-    ``sbs_torch::<value>``, big initializers are inputs under their own name."""
+    ``sbs_torch::<value>``, big initializers are inputs under their own name. ``inner``: per group
+    value, values inside it handed back too (``inner_output_name``)."""
     plan = LocalPlan(groups=groups)
     nodes, inits = [], []
     seen_init: set[str] = set()
@@ -121,5 +127,9 @@ def local_model(index: OnnxIndex, groups: list[LocalGroup],
         vi = _output_info(index, g.value)
         vi.name = g.output_name(k)
         outputs.append(vi)
+        for x in (inner or {}).get(g.value, ()):
+            vi = _output_info(index, x)
+            vi.name = inner_output_name(k, x)
+            outputs.append(vi)
     graph = helper.make_graph(nodes, "node_local", inputs, outputs, initializer=inits)
     return _wrap(index.model, graph), plan

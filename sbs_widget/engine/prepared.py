@@ -14,7 +14,9 @@ import onnx
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.align.inner_pairs import InnerPlan, build_inner_plan, inner_fields
 from sbs_widget.align.pairs import Alignment, align
+from sbs_widget.dtypes import onnx_value_bytes
 from sbs_widget.engine.background import background
 from sbs_widget.engine.cancel import Cancel, check_time_limit
 from sbs_widget.engine.fx_runner import (
@@ -80,7 +82,10 @@ class Prepared:
             self.last_reader[v] = max(readers)
         for o in self.index.outputs:
             self.last_reader[o] = n
-        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs)
+        self._groups: dict[str, LocalGroup | None] = {}
+        # values inside translations paired with a finer torch reference: compared too (handed back)
+        self.inner: InnerPlan = build_inner_plan(self)
+        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs) | set(self.inner.pairs)
         # FX values whose twin is a constant-folded initializer: compared right after they are computed
         self.fx_folded = {fx for fx, pair in self.alignment.pairs.items()
                           if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
@@ -92,7 +97,6 @@ class Prepared:
         self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
         self._segments: dict[tuple[int, int], Segment] = {}
         self._compiled: dict[tuple, Callable] = {}
-        self._groups: dict[str, LocalGroup | None] = {}
         self._weights: dict[str, np.ndarray] | None = None
         self._record_fields: dict[tuple, tuple] = {}
         self._segment_records: dict[tuple[int, int], list[tuple]] = {}
@@ -134,7 +138,7 @@ class Prepared:
             for o in outputs:
                 if o in wanted:
                     fx = onnx_to_fx.get(o)
-                    total += fx_bytes.get(fx, 0) if fx else _onnx_bytes(types.get(o))
+                    total += fx_bytes.get(fx, 0) if fx else onnx_value_bytes(types.get(o))
             per_node.append(total)
         return per_node, peak
 
@@ -258,7 +262,9 @@ class Prepared:
                     continue
                 fx_name = onnx_to_fx.get(o)
                 if fx_name is None:
-                    if index.op_types[i] != "Constant" and o not in outputs:
+                    if o in self.inner.of:
+                        plan.append((o, None, inner_fields(self, o), ()))
+                    elif index.op_types[i] != "Constant" and o not in outputs:
                         plan.append((o, None, self.record_fields(None, o, R.KIND_NODE, ""), ()))
                     continue
                 pair = pairs[fx_name]
@@ -332,13 +338,15 @@ class Prepared:
 
     # -- names -----------------------------------------------------------------------------------
     def resolve_names(self, names: Iterable[str]) -> dict[str, str]:
-        """Map names given by a user (FX node names or ONNX value names) to ONNX values."""
+        """Map names given by a user (FX node names, ONNX value names, ``fx::finer`` names of inner values)
+        to ONNX values."""
         out: dict[str, str] = {}
         if isinstance(names, str):  # one name, not its characters
             names = (names,)
         fx_to_onnx = {k: p.onnx_value for k, p in self.alignment.pairs.items()}
+        fx_to_onnx.update({f"{p.fx}::{p.finer}": v for v, p in self.inner.pairs.items()})
         for name in names:
-            if name in self.alignment.onnx_to_fx and name in self.index.producer:
+            if (name in self.alignment.onnx_to_fx or name in self.inner.pairs) and name in self.index.producer:
                 out[name] = name
             elif name in fx_to_onnx and fx_to_onnx[name] in self.index.producer:
                 out[name] = fx_to_onnx[name]
@@ -357,7 +365,7 @@ class Prepared:
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise InputError(
                     f"cannot reset {name!r}: it is neither an FX node nor an ONNX value computed by a node "
-                    f"with a torch twin{hint}"
+                    f"with a torch twin or a finer torch reference{hint}"
                 )
         return out
 
@@ -423,18 +431,6 @@ def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str])
     if name in alignment.pairs:
         return FX_FOLDED if name in folded else FX_TIMED
     return FX_ONE_SIDED if info.is_tensor and name not in alignment.alias_of else FX_TIMED
-
-
-_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
-
-
-def _onnx_bytes(vt) -> int:
-    if vt is None or vt.shape is None:
-        return 0
-    n = 1
-    for d in vt.shape:
-        n *= d if isinstance(d, int) and d > 0 else 16
-    return n * _ITEMSIZE.get(vt.elem_type, 4)
 
 
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"

@@ -57,6 +57,12 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, r
         fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
         if reference:
             _hold_reference_inputs(p, fx_name, v, s, fx_release)
+    for o, inner in p.inner.pairs.items():  # a finer reference reads its FX node's arguments
+        s = segment_of_node[idx.producer[o]]
+        for a in p.fx_nodes[p.fx_position[inner.fx]].all_input_nodes:
+            if a.op != "placeholder":
+                fx_release[a.name] = max(fx_release.get(a.name, -1), s)
+                fx_need[s] = max(fx_need[s], p.fx_position[a.name])
     for fx_name, _ in p.alignment.output_pairs:
         if fx_name:
             fx_release[fx_name] = len(ranges)  # kept for the output records

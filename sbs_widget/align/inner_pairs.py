@@ -1,0 +1,275 @@
+"""Values inside a translation, paired with a finer torch reference: worked out once per prepared pair.
+
+The exporter writes several ONNX nodes for one FX node (attention, linear, rsqrt...); only the last has
+an FX twin. For each such translation, the FX node's finer reference (``blame/references.py``) is traced
+on the node's example arguments (``meta['val']``) and its nodes are paired with the translation's ONNX
+nodes by structure (``blame/flow.py``: op kinds and data flow from the shared inputs; nothing by name
+or by value). Carriers (Transpose, Reshape, Cast... of a weight or of a paired value) are paired with
+the finer program's carriers of the same source and shape. A lockstep run then computes the finer
+program on the node's torch arguments and compares each paired ONNX value with its reference
+(``engine/inner_run.py``); values left unpaired keep a one-sided record saying why.
+
+Traces are cached by the node's op and argument types and shapes: the layers of a model share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sbs_widget.blame.flow import FX_CARRY, KINDS, ONNX_CARRY, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
+from sbs_widget.blame.references import reference_program
+
+# ONNX carrier -> the aten carriers doing the same rearrangement
+_CARRIER_KINDS = {
+    "Transpose": {"t", "transpose", "permute"}, "Reshape": {"view", "reshape", "_unsafe_view"},
+    "Flatten": {"view", "reshape", "_unsafe_view"}, "Unsqueeze": {"unsqueeze", "view", "reshape"},
+    "Squeeze": {"squeeze", "view", "reshape"}, "Expand": {"expand"}, "Identity": {"clone", "alias", "detach"},
+    "Cast": {"_to_copy", "to", "convert_element_type"}, "CastLike": {"_to_copy", "to", "convert_element_type"},
+}
+_FLOAT = {1, 10, 11, 16}  # float, float16, double, bfloat16
+MAX_TRANSLATION = 64  # ONNX nodes in one translation beyond which no finer reference is traced
+
+
+@dataclass(frozen=True)
+class InnerPair:
+    fx: str       # the FX node whose translation computes the value
+    finer: str    # the node of its finer reference the value is compared with
+    op: str       # that node's op, e.g. aten._softmax.default
+    exact_shape: bool = False  # a transpose: compared only in the same shape (a reshape would reorder)
+
+
+@dataclass
+class Finer:
+    """A finer reference ready to run: ``module(*args)`` returns the paired values, in ``names`` order."""
+
+    module: torch.fx.GraphModule
+    names: list[str]
+    args: list[str]         # FX argument per placeholder
+    label: str              # what the reference is ("torch's math definition of attention")
+    node: torch.fx.Node     # the FX node
+    shapes: tuple           # the argument shapes it was traced at
+    _other: dict = field(default_factory=dict, repr=False)  # argument shapes -> module traced at them
+
+    def module_for(self, args: list) -> torch.fx.GraphModule | None:
+        """The module for ``args``: traced again at other shapes (a program with dynamic shapes), None
+        when the reference takes another form there (its nodes are not the ones paired)."""
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        if shapes == self.shapes:
+            return self.module
+        if shapes not in self._other:
+            try:
+                found = reference_program(self.node, dict(zip(self.args, args)))
+                gm = found[0] if found is not None else None
+                names = {n.name for n in gm.graph.nodes} if gm is not None else set()
+                self._other[shapes] = _returning(gm, self.names) if set(self.names) <= names else None
+            except Exception:
+                self._other[shapes] = None
+        return self._other[shapes]
+
+
+@dataclass
+class InnerPlan:
+    pairs: dict[str, InnerPair] = field(default_factory=dict)  # ONNX value -> its pair
+    finer: dict[str, Finer] = field(default_factory=dict)      # FX node -> its finer reference
+    why: dict[str, str] = field(default_factory=dict)          # ONNX value inside a translation, unpaired -> why
+    of: dict[str, str] = field(default_factory=dict)           # ONNX value inside a translation -> FX node
+
+    by_fx: dict[str, list[str]] = field(default_factory=dict)  # FX node -> its paired ONNX values
+
+    def values_of(self, fx: str) -> list[str]:
+        return self.by_fx.get(fx, [])
+
+
+def _example(t) -> torch.Tensor | None:
+    """A real tensor like the example ``t`` (a fake tensor of export's metadata)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    shape = []
+    for d in t.shape:  # a symbolic dimension at its example value, read without a guard (int() would
+        # specialize the program's shape environment)
+        hint = d if isinstance(d, int) else getattr(getattr(d, "node", None), "hint", None)
+        if hint is None:  # unbacked
+            return None
+        shape.append(int(hint))
+    if t.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    if t.dtype.is_floating_point:
+        return torch.rand(shape, dtype=t.dtype)
+    return torch.zeros(shape, dtype=t.dtype)
+
+
+def _trace(node: torch.fx.Node, cache: dict):
+    """The finer reference of ``node`` traced on examples of its arguments, cached by signature."""
+    values, key = {}, [node.target]
+    for a in node.all_input_nodes:
+        ex = _example(a.meta.get("val"))
+        if ex is None:
+            return None
+        values[a.name] = ex
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, torch.fx.Node):
+            key.append((tuple(values[a.name].shape), values[a.name].dtype, list(values).index(a.name)))
+        else:
+            key.append(repr(a))
+    key = tuple(key + list(node.kwargs))
+    if key not in cache:
+        try:
+            cache[key] = reference_program(node, values)
+        except Exception:  # a reference that cannot be traced: the translation stays one-sided
+            cache[key] = None
+    found = cache[key]
+    if found is None:
+        return None
+    gm, placeholder_fx, _, label = found
+    # the cached trace's placeholders follow the argument order: map them to this node's arguments
+    names = [a.name for a in list(node.args) + list(node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+    return gm, dict(zip(placeholder_fx, names)), label
+
+
+def _shape(vt) -> tuple | None:
+    dims = getattr(getattr(vt, "shape", None), "dim", None)
+    if dims is None:
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+
+
+def _pair_carriers(index, group_nodes, paired: dict, sources: dict, gm) -> None:
+    """Carriers of a paired value, an anchor or a weight, paired with the finer carrier of the same
+    source, kind and shape (a weight's Transpose with its ``t``)."""
+    by_input: dict[str, list] = {}
+    for f in gm.graph.nodes:
+        if f.op == "call_function" and op_name(f) in FX_CARRY and f.all_input_nodes:
+            by_input.setdefault(f.all_input_nodes[0].name, []).append(f)
+    used = set(paired.values())
+    for n in group_nodes:
+        if n.op_type not in ONNX_CARRY or not n.input or not n.output or n.output[0] in paired:
+            continue
+        src = paired.get(n.input[0]) or sources.get(n.input[0])
+        if src is None:
+            continue
+        want = _shape(index.types.get(n.output[0]))
+        fits = []
+        for f in by_input.get(src, []):
+            val = f.meta.get("val")
+            if f.name in used or op_name(f) not in _CARRIER_KINDS.get(n.op_type, ()) or \
+                    not isinstance(val, torch.Tensor):
+                continue
+            if want is None or (len(want) == val.dim() and all(w is None or w == d for w, d in zip(want, val.shape))):
+                fits.append(f)
+        if len(fits) == 1:
+            paired[n.output[0]] = fits[0].name
+            used.add(fits[0].name)
+
+
+def build_inner_plan(p) -> InnerPlan:
+    """The ``InnerPlan`` of a prepared pair ``p``."""
+    import os
+
+    from sbs_widget.blame.inside import elem_type
+
+    index, al = p.index, p.alignment
+    twins = al.onnx_to_fx
+    plan, cache, returning = InnerPlan(), {}, {}
+    if os.environ.get("SBS_WIDGET_INNER", "1") == "0":  # inner values off: they stay one-sided
+        return plan
+    weight_of = {w.onnx_name: w.placeholder for w in al.weights if w.onnx_name}
+    for fx_name, nodes in al.fx_group.items():
+        inside = [o for i in nodes if index.op_types[i] != "Constant" for o in index.node_outputs[i]
+                  if o and o not in twins and o not in plan.of and elem_type(index, o) in _FLOAT]
+        for o in inside:
+            plan.of[o] = fx_name
+        if not inside:
+            continue
+        pair_ = al.pairs.get(fx_name)
+        value = pair_.onnx_value if pair_ is not None else None
+        g = p.group(value) if value in index.producer else None
+        if g is None or len(g.nodes) > MAX_TRANSLATION:
+            _unpaired(plan, inside, "its translation cannot be isolated from torch values")
+            continue
+        node = p.fx_nodes[p.fx_position[fx_name]]
+        traced = _trace(node, cache)
+        if traced is None:
+            _unpaired(plan, inside, "no finer torch reference for this op")
+            continue
+        gm, placeholder_fx, label = traced
+        group_nodes = [index.nodes[i] for i in g.nodes]
+        anchors_fx = {a: twins[a] for a in g.anchors if a in twins}
+        anchor_ph = anchor_placeholders(node, anchors_fx, placeholder_fx)
+        oflow = OnnxFlow(index, group_nodes, set(g.constants) | set(index.initializers), elem_type(index, value))
+        fflow = FxFlow(gm, set(anchor_ph.values()))
+        paired = pair(oflow, fflow, anchor_ph)
+        by_fx = {fx: ph for ph, fx in placeholder_fx.items()}
+        sources = dict(anchor_ph)
+        sources.update({w: by_fx[ph] for w, ph in weight_of.items() if ph in by_fx})
+        _pair_carriers(index, group_nodes, paired, sources, gm)
+        finer_nodes = {f.name: f for f in gm.graph.nodes}
+        found = {}
+        for o in inside:
+            f = finer_nodes.get(paired.get(o))
+            if f is None:
+                continue
+            op = index.op_types[index.producer[o]]
+            if op in ONNX_CARRY or op_name(f) in KINDS.get(op, ()):
+                found[o] = f.name
+            else:  # paired by the values it reads only: another op (a fault, or another way to compute)
+                plan.why[o] = (f"reads the same values as {op_name(f)} in {label} but computes {op}: not compared "
+                               "(the difference, if any, shows on the values that read it)")
+        for o in inside:
+            if o not in found:
+                _unpaired(plan, [o], "a constant of the translation (it reads no value of torch's)"
+                          if oflow.resolve(o) in oflow.const else
+                          f"not paired with a node of {label} (no node of the same kind reading the same values)")
+        if not found:
+            continue
+        plan.by_fx[fx_name] = list(found)
+        for o, f in found.items():
+            plan.pairs[o] = InnerPair(fx_name, f, str(finer_nodes[f].target),
+                                      index.op_types[index.producer[o]] == "Transpose")
+        names = sorted(set(found.values()))
+        key = (id(gm), tuple(names))
+        if key not in returning:  # (layers share traces: one module per trace and set of values)
+            returning[key] = _returning(gm, names)
+        traced_at = tuple(tuple(ph.meta["val"].shape) for ph in gm.graph.nodes if ph.op == "placeholder"
+                          and isinstance(ph.meta.get("val"), torch.Tensor))
+        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, node, traced_at)
+    return plan
+
+
+def _unpaired(plan: InnerPlan, values, why: str) -> None:
+    for o in values:
+        plan.why.setdefault(o, why)
+
+
+def _returning(gm: torch.fx.GraphModule, names: list[str]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` returning the values of nodes ``names`` (generated code: no interpreter)."""
+    import copy
+
+    graph = copy.deepcopy(gm.graph)
+    by_name = {n.name: n for n in graph.nodes}
+    out = next(n for n in graph.nodes if n.op == "output")
+    graph.erase_node(out)
+    graph.output(tuple(by_name[n] for n in names))
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
+
+
+def inner_fields(p, value: str) -> tuple:
+    """The record fields (``records.record_template``) of ``value``, inside the translation of an FX
+    node: named after its finer reference node when paired, with why when not."""
+    from sbs_widget import records as R
+    from sbs_widget.align.inner_values import onnx_only_reasons
+    from sbs_widget.records import with_fields
+
+    plan = p.inner
+    fx = plan.of[value]
+    info = p.alignment.fx_nodes[p.fx_position[fx]]
+    pair_ = plan.pairs.get(value)
+    if pair_ is None:
+        reason = onnx_only_reasons(p).get(p.index.producer.get(value, -1), f"inside the translation of {fx!r}")
+        comment = f"{reason}; {plan.why.get(value, 'not paired')}"
+        return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_origin=info.origin)
+    comment = f"inside the translation of {fx!r}: compared with {plan.finer[fx].label} ({pair_.finer})"
+    return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_name=f"{fx}::{pair_.finer}",
+                       ep_target=pair_.op, ep_origin=info.origin, stack_trace=info.stack_line)

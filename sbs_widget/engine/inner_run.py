@@ -1,0 +1,157 @@
+"""Inner values of a lockstep run: the ONNX values inside a translation compared with the finer torch
+reference of their FX node (``align/inner_pairs.py``), run on the node's torch arguments.
+
+A pair beyond tolerance is judged like any: the same finer reference run in float64 decides whether
+it is rounding (``engine/noise.py``'s rule). Masked positions compare as equal whether a side writes
+-inf or the lowest finite number. A node-local run gives ``err_local`` (the translation on torch's
+inputs, ``node_local=True``). Inner values never become sources of the culprit finder's trace: their
+FX node's own pair does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sbs_widget import records as R
+from sbs_widget.engine.measure import _join
+from sbs_widget.engine.metrics import compute_errors_many, same_shape
+from sbs_widget.engine.noise import epsilon, judge, largest
+from sbs_widget.engine.reference import upcast
+from sbs_widget.records import Record
+
+
+class InnerValues:
+    """Mixin of ``LockstepRun`` (its state is the run's); ``self._finer``: finer values of the
+    segment being measured, by FX node (dropped after it)."""
+
+    def _finer_values(self, fx: str, exact: bool = False) -> dict | tuple[str, str]:
+        """The paired values of ``fx``'s finer reference on its torch arguments (``exact``: in float64),
+        or (the status its records take, why) when there are none."""
+        key = (fx, exact)
+        cache = self._finer
+        if key in cache:
+            return cache[key]
+        finer = self.p.inner.finer[fx]
+        env = self._with_inputs(self.runner.env)
+        missing = [a for a in finer.args if a not in env]
+        if missing:
+            cache[key] = (R.ERROR, f"torch value {missing[0]!r} unavailable (an upstream FX node failed)")
+            return cache[key]
+        # contiguous: the trace's views assume the strides it saw
+        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in (env[a] for a in finer.args)]
+        module = finer.module_for(args)
+        if module is None:
+            cache[key] = (R.ONE_SIDED, f"not compared: {finer.label} takes another form at these shapes")
+            return cache[key]
+        if exact:
+            args = [upcast(a) for a in args]
+        try:
+            with torch.inference_mode():
+                outs = module(*args)
+            cache[key] = dict(zip(finer.names, outs))
+        except Exception as e:  # a reference that fails on these values: its records say so
+            cache[key] = (R.ERROR, f"the finer reference failed: {type(e).__name__}: {str(e)[:200]}")
+        return cache[key]
+
+    def _inner_item(self, rec: Record, o: str) -> tuple[Record, object, object]:
+        """``(record, torch reference value, ONNX value)`` to measure, or the record marked why not
+        (then the last two are None)."""
+        pair = self.p.inner.pairs[o]
+        rec.inner_of, rec.inner_op = pair.fx, pair.op
+        values = self._finer_values(pair.fx)
+        if not isinstance(values, dict):
+            return self._inner_failed(rec, *values)
+        got = self.onnx_env.get(o)
+        if got is None:
+            return self._inner_failed(rec, R.ERROR, self.onnx_errors.get(o, "ONNX value unavailable"))
+        expected = values.get(pair.finer)
+        if not isinstance(expected, torch.Tensor):
+            return self._inner_failed(rec, R.ONE_SIDED, "not compared: the finer reference gives no tensor here")
+        expected = expected.detach()  # (a view of a parameter, such as its transpose, requires grad)
+        shape = tuple(np.shape(got))
+        if tuple(expected.shape) != shape:
+            if pair.exact_shape or expected.numel() != int(np.prod(shape)):
+                rec.status = R.ONE_SIDED
+                rec.comment = _join(rec.comment, f"not compared: shapes differ, reference {tuple(expected.shape)} "
+                                                 f"vs ONNX {shape}")
+                return rec, None, None
+            expected = expected.reshape(shape)
+        return rec, expected, got
+
+    @staticmethod
+    def _inner_failed(rec: Record, status: str, why: str) -> tuple[Record, None, None]:
+        rec.status = status
+        rec.comment = _join(rec.comment, why)
+        return rec, None, None
+
+    def _judge_inner(self, items: list[tuple[Record, object, object]], local: dict) -> None:
+        """err_local from the node-local run, and verdicts on the pairs beyond tolerance."""
+        pairs, recs = [], []
+        for rec, expected, got in items:
+            o = rec.onnx_name
+            if o in local:
+                g = np.asarray(local[o]).reshape(np.shape(got))
+                e = expected.numpy() if isinstance(expected, torch.Tensor) else np.asarray(expected)
+                if same_shape(e, g):
+                    pairs.append((e, g))
+                    recs.append(rec)
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol, scratch=self.scratch)):
+            rec.err_local = err.err_abs if not err.err_nan else float("inf")
+        for rec, expected, got in items:
+            if rec.status == R.MISMATCH and expected.dtype.is_floating_point:
+                self._judge_one_inner(rec, expected, got, local.get(rec.onnx_name))
+
+    def _judge_one_inner(self, rec: Record, expected: torch.Tensor, got, local) -> None:
+        big = float(torch.finfo(expected.dtype).max)
+        e = expected.double().clamp(-big, big)  # -inf and the lowest finite number both mean 'masked'
+        g = np.clip(np.asarray(got, dtype=np.float64), -big, big)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(g - e.numpy())
+            within = (diff <= self.atol + self.rtol * np.abs(e.numpy())) | (np.isnan(g) & np.isnan(e.numpy()))
+        if within.all():
+            rec.status = R.OK
+            rec.comment = _join(rec.comment, "within tolerance once -inf and the lowest finite number are read "
+                                             "alike (masked positions)")
+            return
+        exact = self._finer_values(rec.inner_of, exact=True)
+        reference = exact.get(self.p.inner.pairs[rec.onnx_name].finer) if isinstance(exact, dict) else None
+        if not isinstance(reference, torch.Tensor):
+            rec.comment = _join(rec.comment, "no float64 reference: the tolerance rule stands")
+            return
+        value = local if local is not None else got
+        try:
+            verdict = judge(e, np.clip(np.asarray(value, dtype=np.float64), -big, big),
+                            reference.double().clamp(-big, big).reshape(e.shape), epsilon(expected), largest(expected))
+        except (ValueError, TypeError, RuntimeError) as err:
+            rec.comment = _join(rec.comment, f"no float64 verdict ({err}): the tolerance rule stands")
+            return
+        rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
+        rec.local_noise = verdict.noise if local is not None else None
+        if not verdict.noise:
+            rec.noise = False
+            rec.comment = _join(rec.comment, f"beyond rounding: {verdict.err_onnx:.3g} from the reference in float64 "
+                                             f"where torch is {verdict.err_torch:.3g} from it")
+        elif self._has_source_upstream(rec.inner_of):
+            rec.noise = False
+            rec.comment = _join(rec.comment, "rounds like torch, but its FX node inherits a difference beyond "
+                                             "rounding from upstream")
+        else:
+            rec.noise = True
+            rec.status = R.NOISE
+            rec.comment = _join(rec.comment, "rounding: as close to the reference in float64 as torch, and nothing "
+                                             "beyond rounding upstream")
+
+    def _reset_inner(self, rec: Record, o: str) -> None:
+        """Downstream ONNX nodes read the finer reference's value instead of ``o``."""
+        values = self._finer_values(rec.inner_of)
+        expected = values.get(self.p.inner.pairs[o].finer) if isinstance(values, dict) else None
+        if not isinstance(expected, torch.Tensor):
+            rec.comment = _join(rec.comment, "cannot reset: no torch reference value")
+            return
+        try:
+            self.onnx_env[o] = self._to_feed(expected, o)
+            rec.status = R.RESET
+            rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the finer torch reference's value")
+        except (TypeError, ValueError) as e:
+            rec.comment = _join(rec.comment, f"cannot reset: {e}")
