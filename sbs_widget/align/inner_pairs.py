@@ -184,7 +184,9 @@ def build_inner_plan(p) -> InnerPlan:
             continue
         pair_ = al.pairs.get(fx_name)
         value = pair_.onnx_value if pair_ is not None else None
-        g = p.group(value) if value in index.producer else None
+        if value not in index.producer:  # its own value vanished (a fused node took in the end of its
+            value = inside[-1]  # computation, e.g. a linear's bias Add): the inside up to the last value
+        g = p.group(value)
         if g is None or len(g.nodes) > MAX_TRANSLATION:
             _unpaired(plan, inside, "its translation cannot be isolated from torch values")
             continue
