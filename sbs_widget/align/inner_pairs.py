@@ -38,6 +38,8 @@ class InnerPair:
     finer: str    # the node of its finer reference the value is compared with
     op: str       # that node's op, e.g. aten._softmax.default
     exact_shape: bool = False  # a transpose: compared only in the same shape (a reshape would reorder)
+    constant: bool = False     # a constant the translation reads (a scale, a fill value, an epsilon)
+    literal: float | None = None  # the scalar the reference writes there, when it is no node of its own
 
 
 @dataclass
@@ -77,6 +79,7 @@ class InnerPlan:
     of: dict[str, str] = field(default_factory=dict)           # ONNX value inside a translation -> FX node
 
     by_fx: dict[str, list[str]] = field(default_factory=dict)  # FX node -> its paired ONNX values
+    constants_of: dict[int, list[str]] = field(default_factory=dict)  # ONNX node -> constants recorded with it
 
     def values_of(self, fx: str) -> list[str]:
         return self.by_fx.get(fx, [])
@@ -223,13 +226,15 @@ def build_inner_plan(p) -> InnerPlan:
                 _unpaired(plan, [o], "a constant of the translation (it reads no value of torch's)"
                           if oflow.resolve(o) in oflow.const else
                           f"not paired with a node of {label} (no node of the same kind reading the same values)")
-        if not found:
+        before = len(plan.pairs)
+        refs = _pair_constants(index, g.nodes, paired, oflow, fflow, plan, fx_name, found)
+        if not found and len(plan.pairs) == before:
             continue
         plan.by_fx[fx_name] = list(found)
         for o, f in found.items():
             plan.pairs[o] = InnerPair(fx_name, f, str(finer_nodes[f].target),
                                       index.op_types[index.producer[o]] == "Transpose")
-        names = sorted(set(found.values()))
+        names = sorted(set(found.values()) | refs)
         key = (id(gm), tuple(names))
         if key not in returning:  # (layers share traces: one module per trace and set of values)
             returning[key] = _returning(gm, names)
@@ -237,6 +242,57 @@ def build_inner_plan(p) -> InnerPlan:
                           and isinstance(ph.meta.get("val"), torch.Tensor))
         plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, node, traced_at)
     return plan
+
+
+def _constant_refs(f, fflow, paired_fx: set) -> list:
+    """The constants finer node ``f`` reads, in argument order: ``(constant node name, None)`` for a
+    constant node no ONNX node is paired with, ``(argument label, value)`` for a literal scalar."""
+    schema = getattr(f.target, "_schema", None)
+    arguments = list(schema.arguments) if schema is not None else []
+    out = []
+    for i, a in enumerate(f.args):
+        if isinstance(a, torch.fx.Node):
+            r = fflow.resolve(a.name)
+            if r in fflow.const and r not in paired_fx:
+                out.append((a.name, None))
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and i < len(arguments) and \
+                str(arguments[i].type).split("?")[0] in ("Scalar", "Tensor"):
+            out.append((f"{f.name}.{arguments[i].name}", float(a)))
+    return out
+
+
+def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: InnerPlan, fx_name: str,
+                    found: dict) -> set:
+    """The floating-point constants a paired ONNX node reads (a scale, a fill value, an epsilon: an
+    initializer, a Constant or a Cast of one) paired one to one, in argument order, with the constants its
+    finer node reads; those of a Constant or an initializer are recorded with the node reading them.
+    Returns the finer constant nodes the reference must hand back."""
+    from sbs_widget.blame.inside import elem_type
+
+    finer = {f.name: f for f in fflow.nodes} | {n: None for n in fflow.const}
+    paired_fx = set(paired.values())
+    refs: set[str] = set()
+    for i in node_indices:
+        n = index.nodes[i]
+        f = next((m for m in fflow.nodes if n.output and m.name == paired.get(n.output[0])), None)
+        if f is None or op_name(f) not in KINDS.get(n.op_type, ()):
+            continue
+        consts = [x for x in n.input if x and oflow.resolve(x) in oflow.const and oflow.resolve(x) not in paired]
+        wanted = _constant_refs(f, fflow, paired_fx)
+        if not consts or len(consts) != len(wanted) or len(consts) > 4:
+            continue
+        for x, (ref, literal) in zip(consts, wanted):
+            if x in plan.pairs or x in found or elem_type(index, x) not in _FLOAT or \
+                    (literal is None and ref not in finer):
+                continue
+            plan.pairs[x] = InnerPair(fx_name, ref, str(f.target), constant=True, literal=literal)
+            plan.of[x] = fx_name
+            plan.why.pop(x, None)
+            if literal is None:
+                refs.add(ref)
+            if x not in index.producer or index.op_types[index.producer[x]] == "Constant":
+                plan.constants_of.setdefault(i, []).append(x)  # (a Cast of one: recorded where it is computed)
+    return refs
 
 
 def _unpaired(plan: InnerPlan, values, why: str) -> None:
@@ -272,6 +328,11 @@ def inner_fields(p, value: str) -> tuple:
         reason = onnx_only_reasons(p).get(p.index.producer.get(value, -1), f"inside the translation of {fx!r}")
         comment = f"{reason}; {plan.why.get(value, 'not paired')}"
         return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_origin=info.origin)
-    comment = f"inside the translation of {fx!r}: compared with {plan.finer[fx].label} ({pair_.finer})"
+    if pair_.constant:
+        what = f"the scalar {pair_.literal:.6g}" if pair_.literal is not None else "the constant"
+        comment = (f"a constant inside the translation of {fx!r}: compared with {what} "
+                   f"{plan.finer[fx].label} uses there ({pair_.finer})")
+    else:
+        comment = f"inside the translation of {fx!r}: compared with {plan.finer[fx].label} ({pair_.finer})"
     return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_name=f"{fx}::{pair_.finer}",
                        ep_target=pair_.op, ep_origin=info.origin, stack_trace=info.stack_line)

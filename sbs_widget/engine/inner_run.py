@@ -63,8 +63,19 @@ class InnerValues:
         if not isinstance(values, dict):
             return self._inner_failed(rec, *values)
         got = self.onnx_env.get(o)
+        if got is None and o in self.p.index.initializers:
+            got = self.p.weights()[o]
         if got is None:
             return self._inner_failed(rec, R.ERROR, self.onnx_errors.get(o, "ONNX value unavailable"))
+        if pair.constant:  # the scalar or constant the reference uses there, in the ONNX value's type
+            ref = pair.literal if pair.literal is not None else values.get(pair.finer)
+            if isinstance(ref, torch.Tensor) and ref.numel() != 1 and ref.numel() != np.size(got):
+                return self._inner_failed(rec, R.ONE_SIDED, "not compared: sizes differ from the reference's")
+            ref = ref.detach().double().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref, np.float64)
+            got = np.asarray(got)
+            with np.errstate(over="ignore"):
+                expected = np.broadcast_to(ref.reshape(-1)[0] if ref.size == 1 else ref.reshape(got.shape), got.shape)
+                return rec, torch.from_numpy(np.ascontiguousarray(expected.astype(got.dtype))), got
         expected = values.get(pair.finer)
         if not isinstance(expected, torch.Tensor):
             return self._inner_failed(rec, R.ONE_SIDED, "not compared: the finer reference gives no tensor here")
@@ -113,6 +124,12 @@ class InnerValues:
             rec.status = R.OK
             rec.comment = _join(rec.comment, "within tolerance once -inf and the lowest finite number are read "
                                              "alike (masked positions)")
+            return
+        if self.p.inner.pairs[rec.onnx_name].constant:  # copied, not computed: any difference stands
+            label = self.p.inner.finer[rec.inner_of].label
+            what = f"{g.reshape(-1)[0]:.6g} where {label} uses {e.reshape(-1)[0].item():.6g}" if g.size == 1 else \
+                f"{int((~within).sum())} of {g.size} elements differ from the ones {label} uses"
+            rec.comment = _join(rec.comment, what)
             return
         exact = self._finer_values(rec.inner_of, exact=True)
         reference = exact.get(self.p.inner.pairs[rec.onnx_name].finer) if isinstance(exact, dict) else None

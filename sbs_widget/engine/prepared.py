@@ -257,6 +257,8 @@ class Prepared:
             self.alignment.aliases
         outputs = set(index.outputs)
         for i in range(start, end):
+            # the constants an inner value reads (align/inner_pairs.py), recorded with their reader
+            plan += [(x, None, inner_fields(self, x), ()) for x in self.inner.constants_of.get(i, ())]
             for o in index.node_outputs[i]:
                 if not o:
                     continue
