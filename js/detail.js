@@ -55,7 +55,8 @@ function rounding(row) {
   return block;
 }
 
-/** ctx: {atol, rtol, within: bool|null (at the current tolerances)} */
+/** ctx: {atol, rtol, within: bool|null (at the current tolerances), inside: what the row's inner values
+ *  say ("9 inside · 1 mismatch") or null} */
 export function renderDetail(container, row, ctx) {
   clear(container);
   if (!row) {
@@ -80,8 +81,10 @@ export function renderDetail(container, row, ctx) {
   }
   container.append(
     h("h4", { text: "torch.export (FX)" }),
-    kv([["name", row.ep_name], ["target", row.ep_target], ["shape", row.ep_shape_type], ["origin", row.ep_origin],
-      ["time", fmtSeconds(row.ep_time_run)]]),
+    // an inner value: the FX node whose ONNX translation computes it, the torch op it is compared with
+    kv([["name", row.ep_name], ["inside", row.inner_of], ["torch op", row.kind === "inner" ? row.inner_op || "unpaired" : null],
+      ["target", row.ep_target], ["shape", row.ep_shape_type], ["origin", row.ep_origin],
+      ["time", fmtSeconds(row.ep_time_run)], ["values inside", ctx.inside]]),
     h("h4", { text: "ONNX" }),
     kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
       ["time", fmtSeconds(row.onnx_time_run)]]),

@@ -1,7 +1,7 @@
 // Rows of a run on the view side: decoding the batches the kernel sends, and the pure filter / sort /
 // tolerance logic of the table (kept free of DOM so it is tested directly and stays fast).
 
-import { fromJson, isNumeric, isWithin } from "./rules.js";
+import { SEVERITY, fromJson, isNumeric, isWithin } from "./rules.js";
 
 export { isNumeric, isWithin };
 
@@ -44,7 +44,8 @@ function searchText(row) {
   // cached on the row: built once, filtering 50,000 rows is then a loop of includes()
   if (row._search === undefined) {
     // (ep_origin: the node of the user's program a decomposed value comes from, found by its own name)
-    row._search = [row.ep_name, row.ep_origin, row.onnx_name, row.onnx_node_name, row.onnx_op_type, row.ep_target, row.module]
+    // (inner_op: the torch op an inner value is compared with, "aten._softmax.default")
+    row._search = [row.ep_name, row.ep_origin, row.onnx_name, row.onnx_node_name, row.onnx_op_type, row.ep_target, row.module, row.inner_op]
       .filter(Boolean).join("\n").toLowerCase();
   }
   return row._search;
@@ -153,4 +154,152 @@ export class SortCache {
     for (const k of order) if (keep[k]) out[n++] = k;
     return out;
   }
+}
+
+// --- inner rows (kind "inner"): values computed inside the ONNX translation of one FX node, nested
+// under that node's own row (kind node/output, ep_name == inner_of). Inner rows arrive before their
+// FX node's row; until it exists (streaming, or never) they stand at the top level.
+
+const NO_CHILDREN = Object.freeze([]);
+const isParentKind = (row) => row.kind === "node" || row.kind === "output";
+
+/** Which row each inner row nests under, kept in step with a run's rows as they arrive: each new
+ *  row is looked at once (`update` after every batch is linear in the new rows). */
+export class Nesting {
+  constructor() {
+    this.reset(null);
+  }
+  reset(rows) {
+    this.rows = rows;
+    this.n = 0;
+    this.parent = new Int32Array(0); // k -> the row it nests under, -1 at the top level
+    this.byName = new Map(); // ep_name of node/output rows -> k
+    this.waiting = new Map(); // inner_of without its row yet -> inner rows (record order)
+    this.kids = new Map(); // k -> its inner rows (record order)
+    this.summaries = new Map(); // k -> summary(k), cached
+    this.inner = 0; // rows of kind "inner", nested or not
+  }
+  /** Take the rows added since the last call (a different array starts over). */
+  update(rows) {
+    if (rows !== this.rows || rows.length < this.n) this.reset(rows);
+    if (rows.length === this.n) return this;
+    if (this.parent.length < rows.length) {
+      const grown = new Int32Array(Math.max(rows.length, 2 * this.parent.length)).fill(-1);
+      grown.set(this.parent.subarray(0, this.n));
+      this.parent = grown;
+    }
+    for (let k = this.n; k < rows.length; k++) {
+      const row = rows[k];
+      if (row.kind === "inner") this.inner++;
+      if (row.kind === "inner" && row.inner_of !== null && row.inner_of !== undefined) {
+        const p = this.byName.get(row.inner_of);
+        if (p === undefined) {
+          const w = this.waiting.get(row.inner_of);
+          if (w) w.push(k);
+          else this.waiting.set(row.inner_of, [k]);
+        } else {
+          this.parent[k] = p;
+          (this.kids.get(p) ?? this.kids.set(p, []).get(p)).push(k);
+          this.summaries.delete(p);
+        }
+      } else if (isParentKind(row) && row.ep_name !== null && row.ep_name !== undefined && !this.byName.has(row.ep_name)) {
+        this.byName.set(row.ep_name, k);
+        const w = this.waiting.get(row.ep_name);
+        if (w) {
+          for (const c of w) this.parent[c] = k;
+          this.kids.set(k, w);
+          this.waiting.delete(row.ep_name);
+        }
+      }
+    }
+    this.n = rows.length;
+    return this;
+  }
+  /** The row `k` nests under, or -1. */
+  parentOf(k) {
+    return k < this.n ? this.parent[k] : -1;
+  }
+  /** The inner rows nested under `k`, in record order. */
+  childrenOf(k) {
+    return this.kids.get(k) || NO_CHILDREN;
+  }
+  /** Whether any row has inner rows nested under it. */
+  get any() {
+    return this.kids.size > 0;
+  }
+  /** {n, worst, count}: how many inner rows `k` holds, their worst status and how many have it; null
+   *  for a row without any. */
+  summary(k) {
+    const kids = this.kids.get(k);
+    if (!kids) return null;
+    let s = this.summaries.get(k);
+    if (!s) {
+      s = { n: kids.length, worst: null, count: 0 };
+      for (const c of kids) {
+        const status = this.rows[c].status || "ok";
+        const rank = SEVERITY[status] ?? 0;
+        const best = s.worst === null ? -1 : SEVERITY[s.worst] ?? 0;
+        if (rank > best) (s.worst = status), (s.count = 1);
+        else if (status === s.worst) s.count++;
+      }
+      this.summaries.set(k, s);
+    }
+    return s;
+  }
+}
+
+/** The table's order with inner rows nested: `filtered` (positions passing the filter, any order) gives
+ *  the top level, the rows not nested under another; `sort(index)` orders the top level (children follow
+ *  their parent in record order); a parent passing no filter is drawn for a child that passes it, and is
+ *  then open unless the user closed it. `isOpen(k, auto)`: whether parent `k` shows its children (`auto`:
+ *  the parent is drawn only for them).
+ *  Returns {screen, flat, matched, open}: `screen` the rows drawn (children of closed parents left
+ *  out), `flat` every row the filter selects in the same order (what CSV and `view_rows` hold),
+ *  `matched[k]` how many of the children of `k` pass the filter, `open[k]` 1 where they are drawn
+ *  (matched and open are null when no row nests under another). Linear in the rows, plus the sort of the top level. */
+export function nestIndex(rows, filtered, nesting, { sort = (index) => index, isOpen = (k, auto) => auto } = {}) {
+  const n = rows.length;
+  if (!nesting.any) {
+    const screen = sort(filtered);
+    return { screen, flat: screen, matched: null, open: null };
+  }
+  const pass = new Uint8Array(n);
+  const matched = new Uint32Array(n);
+  const top = new Uint8Array(n); // 1: at the top level by itself, 2: only for a child passing the filter
+  for (const k of filtered) pass[k] = 1;
+  let count = 0;
+  for (const k of filtered) {
+    const p = nesting.parentOf(k);
+    if (p < 0) {
+      if (!top[k]) count++;
+      top[k] = 1;
+    } else {
+      matched[p]++;
+      if (!pass[p] && !top[p]) (top[p] = 2), count++;
+    }
+  }
+  const level = new Uint32Array(count);
+  let m = 0;
+  for (let k = 0; k < n; k++) if (top[k]) level[m++] = k;
+  const order = sort(level);
+  let total = order.length;
+  for (const k of order) total += matched[k];
+  const flat = new Uint32Array(total);
+  const screen = new Uint32Array(total);
+  const opened = new Uint8Array(n);
+  let f = 0;
+  let s = 0;
+  for (const k of order) {
+    flat[f++] = k;
+    screen[s++] = k;
+    if (!matched[k]) continue;
+    const open = isOpen(k, top[k] === 2);
+    opened[k] = open ? 1 : 0;
+    for (const c of nesting.childrenOf(k)) {
+      if (!pass[c]) continue;
+      flat[f++] = c;
+      if (open) screen[s++] = c;
+    }
+  }
+  return { screen: screen.subarray(0, s), flat, matched, open: opened };
 }

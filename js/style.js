@@ -101,6 +101,20 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-row > div.sbs-num, .sbs-head > div.sbs-num { text-align: right; }
 .sbs-row input { margin: 0; vertical-align: middle; }
 .sbs-row > div.sbs-tick { padding: 0; text-align: center; text-overflow: clip; }
+/* inner rows (values inside an FX node's ONNX translation): the "inside" column, shown where some exist */
+.sbs-table:not(.sbs-flat) .sbs-grid, .sbs-table:not(.sbs-flat) .sbs-body { min-width: 970px; }
+.sbs-table.sbs-flat .sbs-inside { display: none; }
+.sbs-row > div.sbs-inside { padding: 0 3px; }
+.sbs-root .sbs-row button.sbs-disclose { height: 18px; line-height: 16px; padding: 0 5px; font-size: 11px; max-width: 100%;
+  overflow: hidden; text-overflow: ellipsis; white-space: nowrap; vertical-align: middle; }
+.sbs-root .sbs-row button.sbs-disclose[hidden] { display: none; }
+.sbs-root .sbs-row button.sbs-disclose[aria-expanded=true] { border-color: var(--sbs-accent); }
+.sbs-root .sbs-row button.sbs-disclose:focus-visible { outline: 2px solid var(--sbs-accent); outline-offset: -1px; }
+.sbs-disclose-worst[data-status=mismatch], .sbs-disclose-worst[data-status=error] { color: var(--sbs-bad); }
+.sbs-disclose-worst[data-status=noise] { color: var(--sbs-noise); }
+.sbs-inner-op { color: var(--sbs-fg2); font-family: var(--sbs-mono); font-size: 11px; }
+.sbs-row.sbs-child > div.sbs-fxname { padding-left: 14px; }
+.sbs-row.sbs-child > div.sbs-fxname::before { content: "\\21B3\\00A0"; color: var(--sbs-fg2); }
 .sbs-empty { padding: 16px; color: var(--sbs-fg2); text-align: center; }
 .sbs-foot { padding: 2px 6px; border-top: 1px solid var(--sbs-border); color: var(--sbs-fg2); display: flex; gap: 12px; }
 .sbs-detail { flex: 0 0 240px; border: 1px solid var(--sbs-border); border-radius: 3px; padding: 6px 8px;

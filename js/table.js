@@ -12,6 +12,8 @@ export const COLUMNS = [
   { key: "i", label: "#", width: "44px", num: true, title: "execution order" },
   { key: "status", label: "status", width: "72px" },
   { key: "kind", label: "kind", width: "54px" },
+  // an FX node's values inside its ONNX translation: the disclosure on its row, the torch op on theirs
+  { key: "_inner", label: "inside", width: "minmax(116px, 1fr)", title: "values computed inside the ONNX translation of the FX node: click to show them" },
   { key: "ep_name", label: "FX name", width: "minmax(96px, 1.4fr)" },
   { key: "onnx_name", label: "ONNX name", width: "minmax(96px, 1.4fr)" },
   { key: "onnx_op_type", label: "op", width: "minmax(52px, 0.6fr)" },
@@ -23,47 +25,96 @@ export const COLUMNS = [
   { key: "module", label: "module", width: "minmax(70px, 1fr)" },
 ];
 
-function cellText(col, row) {
+const INNER = COLUMNS.findIndex((c) => c.key === "_inner");
+const FX_NAME = COLUMNS.findIndex((c) => c.key === "ep_name");
+
+function cellText(col, row, child) {
   const v = row[col.key];
+  // an inner row under its FX node: the part of its name after "<inner_of>::" (the full name on hover)
+  if (child && col.key === "ep_name" && typeof v === "string" && v.startsWith(`${row.inner_of}::`)) {
+    return visible(v.slice(row.inner_of.length + 2));
+  }
   if (col.err) return fmtErr(v);
   if (col.key === "i") return fmtInt(v);
   return visible(v); // names come from models: bidi controls and NULs shown as escapes
 }
 
-/** A value a reset can replace: one an ONNX node computes (not an input, weight or folded constant). */
+/** A value a reset can replace: one an ONNX node computes (not an input, weight or folded constant),
+ *  with a torch value to put in its place (an inner value: when paired with a finer torch reference). */
 export function resettable(row) {
   return Boolean(row.onnx_name && row.ep_name) && row.onnx_op_type !== "initializer" && row.onnx_op_type !== "input";
 }
 
-/** opts: {onSort(key), onSelect(k, how: "one" | "toggle" | "extend"), onToggle(k), isTicked(row), colorOf(row), canTick} */
+/** The name a tick puts in the reset set: an inner value's ONNX value (its ep_name names no FX node),
+ *  otherwise the FX name, or the ONNX one for a value without FX twin. */
+export function resetName(row) {
+  return (row.kind === "inner" ? row.onnx_name : row.ep_name || row.onnx_name) || "";
+}
+
+/** How many inner rows a row holds and the worst status among them: ["9", "1 mismatch"] ("2/9" when the
+ *  filter passes 2 of them; the worst "" when they are all ok). The disclosure shows "▸ 9 · 1 mismatch"
+ *  under the column head "inside". */
+export function insideParts(summary, matched) {
+  const count = matched === summary.n ? `${summary.n}` : `${matched}/${summary.n}`;
+  const worst = !summary.worst || summary.worst === "ok" ? "" : `${summary.count} ${summary.worst}`;
+  return [count, worst];
+}
+
+/** The same in words: "9 inside · 1 mismatch", "2/9 inside" (labels, the detail panel). */
+export function insideText(summary, matched) {
+  const [count, worst] = insideParts(summary, matched);
+  return worst ? `${count} inside · ${worst}` : `${count} inside`;
+}
+
+/** opts: {onSort(key), onSelect(k, how: "one" | "toggle" | "extend"), onToggle(k), onExpand(k, open?),
+ *  isTicked(row), colorOf(row), canTick} */
 export function createTable(opts) {
   const head = h("div", { class: "sbs-head sbs-grid", role: "row" });
   const body = h("div", { class: "sbs-body", role: "rowgroup" });
   const empty = h("div", { class: "sbs-empty", text: "No rows yet." });
   const scroll = h("div", { class: "sbs-scroll", tabindex: "0", role: "grid" }, head, body, empty);
   const foot = h("div", { class: "sbs-foot sbs-mono" });
-  const el = h("div", { class: "sbs-table" }, scroll, foot);
-  el.style.setProperty("--sbs-cols", COLUMNS.map((c) => c.width).join(" "));
+  const el = h("div", { class: "sbs-table sbs-flat" }, scroll, foot);
+  // the "inside" column only where some row is an inner value
+  let flatCols = null;
+  const setFlat = (flat) => {
+    if (flat === flatCols) return;
+    flatCols = flat;
+    el.classList.toggle("sbs-flat", flat);
+    el.style.setProperty("--sbs-cols", COLUMNS.filter((c) => !flat || c.key !== "_inner").map((c) => c.width).join(" "));
+  };
+  setFlat(true);
 
   let rows = [];
   let index = new Uint32Array(0);
   let selected = new Set(); // positions in rows (record i), not in index
   let focus = -1; // the row the detail shows (the last one clicked)
   let sort = { key: null, dir: 1 };
+  let nest = null; // {nesting, matched, open} from rows.js nestIndex, null when nothing nests
   const pool = [];
 
+  const cellClass = (col) => (col.num ? "sbs-num" : col.key === "_inner" ? "sbs-inside" : col.key === "ep_name" ? "sbs-fxname" : "");
   for (const col of COLUMNS) {
-    const cell = h("div", { class: col.num ? "sbs-num" : "", title: col.title || col.key, text: col.label, "data-key": col.key });
+    const cell = h("div", { class: cellClass(col), title: col.title || col.key, text: col.label, "data-key": col.key });
     if (col.key !== "_tick") cell.addEventListener("click", () => opts.onSort(col.key));
     head.append(cell);
   }
 
   function makeRow() {
     const tick = h("input", { type: "checkbox", tabindex: "-1", "aria-label": "reset" });
-    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", { class: "sbs-tick" }, tick) : h("div", { class: col.num ? "sbs-num" : "" })));
+    const count = h("span");
+    const worst = h("span", { class: "sbs-disclose-worst" });
+    const disclose = h("button", { type: "button", class: "sbs-disclose", "aria-expanded": "false", hidden: true }, count, worst);
+    disclose._count = count;
+    disclose._worst = worst;
+    const op = h("span", { class: "sbs-inner-op" });
+    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", { class: "sbs-tick" }, tick)
+      : col.key === "_inner" ? h("div", { class: "sbs-inside" }, disclose, op) : h("div", { class: cellClass(col) })));
     const rowEl = h("div", { class: "sbs-row sbs-grid", role: "row" }, cells);
     rowEl._cells = cells;
     rowEl._tick = tick;
+    rowEl._disclose = disclose;
+    rowEl._op = op;
     body.append(rowEl);
     return rowEl;
   }
@@ -79,17 +130,51 @@ export function createTable(opts) {
     rowEl.classList.toggle("sbs-selected", on);
     rowEl.classList.toggle("sbs-focus", k === focus);
     rowEl.setAttribute("aria-selected", on ? "true" : "false");
+    const child = paintInner(rowEl, k, row);
     for (let c = 1; c < COLUMNS.length; c++) {
-      const text = cellText(COLUMNS[c], row);
+      if (c === INNER) continue;
+      const text = cellText(COLUMNS[c], row, child);
       const cell = rowEl._cells[c];
-      if (cell.textContent !== text) {
-        cell.textContent = text;
-        cell.title = text;
-      }
+      if (cell.textContent !== text) cell.textContent = text;
+      const title = c === FX_NAME && child ? visible(row.ep_name) : text; // an inner row's full name
+      if (cell.title !== title) cell.title = title;
     }
     rowEl._tick.checked = opts.isTicked(row);
     rowEl._tick.disabled = !opts.canTick() || !resettable(row);
     rowEl._tick.title = resettable(row) ? "put in the reset set" : "not resettable: no ONNX node computes this value";
+  }
+
+  // the "inside" cell: a parent's disclosure, an inner row's torch op; the FX name indented under its
+  // parent. Returns whether the row is drawn under a parent.
+  function paintInner(rowEl, k, row) {
+    const summary = nest ? nest.nesting.summary(k) : null;
+    const child = Boolean(nest) && nest.nesting.parentOf(k) >= 0;
+    rowEl.classList.toggle("sbs-child", child);
+    rowEl.classList.toggle("sbs-parent", Boolean(summary));
+    const b = rowEl._disclose;
+    if (summary) {
+      const matched = nest.matched[k];
+      const open = nest.open[k] === 1;
+      const [count, worst] = insideParts(summary, matched);
+      const text = insideText(summary, matched);
+      b.hidden = false;
+      b.disabled = matched === 0;
+      b._count.textContent = `${open ? "▾" : "▸"} ${count}`;
+      b._worst.textContent = worst ? ` · ${worst}` : "";
+      b._worst.dataset.status = summary.worst || "ok";
+      b.setAttribute("aria-expanded", open ? "true" : "false");
+      const what = visible(row.ep_name || "");
+      b.setAttribute("aria-label", `${open ? "hide" : "show"} the values inside ${what}: ${text}`);
+      b.title = matched === 0 ? `${text}: none passes the filter` : `${open ? "hide" : "show"} the values computed inside the ONNX translation of ${what} (${text})`;
+    } else if (!b.hidden) {
+      b.hidden = true;
+    }
+    const opText = row.kind === "inner" ? visible(row.inner_op || "unpaired") : "";
+    if (rowEl._op.textContent !== opText) {
+      rowEl._op.textContent = opText;
+      rowEl._op.title = row.kind !== "inner" ? "" : row.inner_op ? `compared with torch's ${opText}` : "not paired with a torch value (see the comment)";
+    }
+    return child;
   }
 
   let frame = 0;
@@ -122,12 +207,23 @@ export function createTable(opts) {
     const rowEl = ev.target.closest(".sbs-row");
     if (!rowEl) return;
     const k = Number(rowEl.dataset.k);
-    if (ev.target === rowEl._tick) opts.onToggle(k);
+    if (ev.target.closest(".sbs-disclose")) opts.onExpand(k);
+    else if (ev.target === rowEl._tick) opts.onToggle(k);
     else opts.onSelect(k, ev.shiftKey ? "extend" : ev.ctrlKey || ev.metaKey ? "toggle" : "one");
   });
   // shift-click extends the selection of rows, not the page's text selection
   body.addEventListener("mousedown", (ev) => { if (ev.shiftKey && ev.target.closest(".sbs-row")) ev.preventDefault(); });
   scroll.addEventListener("keydown", (ev) => {
+    if (ev.target.closest?.(".sbs-disclose")) return; // the button's own keys (Enter, Space)
+    if ((ev.key === "ArrowRight" || ev.key === "ArrowLeft") && focus >= 0 && nest) {
+      // right opens the focused row's inner values, left closes them (on an inner row: goes to its parent)
+      const parent = nest.nesting.parentOf(focus);
+      if (ev.key === "ArrowLeft" && parent >= 0) opts.onSelect(parent, "one");
+      else if (nest.nesting.summary(focus)) opts.onExpand(focus, ev.key === "ArrowRight");
+      else return;
+      ev.preventDefault();
+      return;
+    }
     if (ev.key !== "ArrowDown" && ev.key !== "ArrowUp") return;
     ev.preventDefault();
     const pos = index.indexOf(focus);
@@ -137,11 +233,14 @@ export function createTable(opts) {
 
   return {
     el,
-    /** New data: rows, the filtered + sorted index into them, the sort shown in the header. */
-    set(newRows, newIndex, newSort) {
+    /** New data: rows, the filtered + sorted index into them, the sort shown in the header, and how
+     *  inner rows nest ({nesting, matched, open}, see rows.js nestIndex; null: none nests). */
+    set(newRows, newIndex, newSort, newNest = null) {
       rows = newRows;
       index = newIndex;
       sort = newSort;
+      nest = newNest && newNest.matched ? newNest : null;
+      setFlat(!(newNest && newNest.nesting && newNest.nesting.inner > 0));
       render(); // synchronous: sorting a column shows its result in the same task
     },
     setFooter(parts) {

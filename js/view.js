@@ -8,9 +8,9 @@ import { h } from "./dom.js";
 import { CSS } from "./style.js";
 import { fmtInt, visible } from "./format.js";
 import { colorFor, MESSAGES, STATUSES } from "./rules.js";
-import { SortCache, filterIndex, isNumeric, isWithin } from "./rows.js";
+import { Nesting, SortCache, filterIndex, isNumeric, isWithin, nestIndex } from "./rows.js";
 import { createRowSync } from "./sync.js";
-import { createTable } from "./table.js";
+import { createTable, insideText, resetName } from "./table.js";
 import { renderDetail } from "./detail.js";
 import { createProgress } from "./progress.js";
 import { renderCompare } from "./compare.js";
@@ -59,7 +59,11 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   let shown = model.get("run_id");
   let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "" };
   let sort = { key: null, dir: 1 };
-  let index = new Uint32Array(0);
+  let index = new Uint32Array(0); // the rows drawn, in screen order (inner rows of closed parents left out)
+  let flat = index; // every row the filters select, in the same order (CSV, view_rows)
+  const nesting = new Nesting(); // which inner rows nest under which FX node's row
+  let toggled = new Map(); // parent row -> open or closed by the user (otherwise: closed, or open for a filter)
+  let nest = null;
   // selected rows (record positions, in selection order), the one the detail shows, the shift anchor;
   // a reloaded view takes the selection back from the model
   let selection = shown === model.get("run_id") ? [...(model.get("selected_rows") || [])] : [];
@@ -81,7 +85,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     return { atol: model.get("atol"), rtol: model.get("rtol"), runAtol: m.atol, runRtol: m.rtol };
   };
   const resetNames = () => [...(model.get("reset_names") || [])];
-  const nameOf = (row) => row.ep_name || row.onnx_name || "";
+  const nameOf = resetName;
   const colorOfRow = (row) => colorFor(row.err_abs, row.status);
 
   const sync = createRowSync(model, (id) => { if (id === shown) scheduleRefresh(); });
@@ -114,6 +118,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     },
     onSelect: (k, how) => select(k, false, how),
     onToggle: (k) => toggleReset(rowsShown()[k]),
+    onExpand: (k, open) => expand(k, open),
     isTicked: (row) => model.get("reset_names").includes(nameOf(row)),
     colorOf: colorOfRow,
     canTick: () => live,
@@ -162,21 +167,27 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     const a = performance.now();
     const idx = filterIndex(rows, filter, tolerances());
     const b = performance.now();
-    index = sorter.sort(idx, rows, sort.key, sort.dir);
+    nest = nestIndex(rows, idx, nesting.update(rows), {
+      sort: (level) => sorter.sort(level, rows, sort.key, sort.dir),
+      isOpen: (k, auto) => (toggled.has(k) ? toggled.get(k) : auto),
+    });
+    index = nest.screen;
+    flat = nest.flat;
     const c = performance.now();
-    table.set(rows, index, sort);
+    table.set(rows, index, sort, { nesting, matched: nest.matched, open: nest.open });
     const d = performance.now();
     root.dataset.filterMs = (b - a).toFixed(1);
     root.dataset.sortMs = (c - b).toFixed(1);
     root.dataset.renderMs = (d - c).toFixed(1);
     root.dataset.rows = String(rows.length);
     root.dataset.shown = String(index.length);
+    root.dataset.matched = String(flat.length);
     if (rows.length && firstRowMs === null) {
       firstRowMs = d - t0;
       root.dataset.firstRowMs = firstRowMs.toFixed(0);
     }
     table.setFooter([
-      `${fmtInt(index.length)} of ${fmtInt(rows.length)} rows`,
+      `${fmtInt(flat.length)} of ${fmtInt(rows.length)} rows${flat.length > index.length ? ` (${fmtInt(flat.length - index.length)} folded inside)` : ""}`,
       `filter ${root.dataset.filterMs} ms · sort ${root.dataset.sortMs} ms`,
     ]);
     if (focus >= 0 && detailFor !== (rows[focus] || null)) showDetail(); // its row arrived
@@ -188,7 +199,23 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     if (!frame) frame = requestAnimationFrame(() => { frame = 0; refresh(); });
   }
 
+  /** Show (open true) or hide the inner rows of row `k`; `open` undefined: the other way. */
+  function expand(k, open) {
+    if (!nest || !nest.matched || !nest.matched[k]) return;
+    const now = nest.open[k] === 1;
+    const next = open === undefined ? !now : Boolean(open);
+    if (next === now) return;
+    toggled.set(k, next);
+    refresh();
+  }
+
   function select(k, reveal, how = "one") {
+    // a row folded inside its parent comes out when asked for (a culprit, the graphs, the worst pair)
+    const parent = reveal ? nesting.parentOf(k) : -1;
+    if (parent >= 0 && nest && nest.open && !nest.open[parent] && flat.includes(k)) {
+      toggled.set(parent, true);
+      refresh();
+    }
     ({ selection, anchor } = nextSelection(selection, anchor, k, how, index));
     focus = selection.includes(k) ? k : selection.length ? selection[selection.length - 1] : -1;
     table.setSelection(selection, focus, reveal);
@@ -201,7 +228,9 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     const row = focus >= 0 ? rowsShown()[focus] : undefined;
     detailFor = row || null;
     const tol = tolerances();
-    renderDetail(detail, row, { atol: tol.atol, rtol: tol.rtol, within: row ? isWithin(row, tol.atol, tol.rtol, tol.runAtol, tol.runRtol) : null });
+    const summary = row ? nesting.update(rowsShown()).summary(focus) : null;
+    renderDetail(detail, row, { atol: tol.atol, rtol: tol.rtol, within: row ? isWithin(row, tol.atol, tol.rtol, tol.runAtol, tol.runRtol) : null,
+      inside: summary ? insideText(summary, summary.n) : null });
   }
 
   // --- what the kernel reads back (w.selected, w.filtered_dataframe()) ---------------------------
@@ -214,7 +243,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     publishTimer = 0;
     if (shown !== model.get("run_id")) return; // positions are in the current run's records
     if (rowsShown().length < sync.expected(shown)) return; // rows still on their way: the next refresh sends
-    const view = Array.from(index);
+    const view = Array.from(flat);
     let changed = false;
     if (!sameInts(view, published.view)) {
       published = { ...published, view };
@@ -277,6 +306,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   runSel.addEventListener("change", () => showRun(Number(runSel.value)));
   function showRun(id) {
     shown = id;
+    toggled = new Map();
     selection = [];
     focus = anchor = -1;
     table.setSelection(selection, focus, false);
@@ -297,7 +327,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     runSel.hidden = ids.size < 2;
   }
 
-  const csv = () => toCSV(rowsShown(), model.get("columns"), index);
+  const csv = () => toCSV(rowsShown(), model.get("columns"), flat);
   copyBtn.addEventListener("click", async () => {
     const text = csv();
     try {

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import sbs_widget
-from sbs_widget.graphs.dot import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph
+from sbs_widget.graphs.dot import SPEC_MARKER, dot_sources, error_color, fx_graph, onnx_graph, quote
 from sbs_widget.graphs.spec import fx_spec, onnx_spec
 from sbs_widget.records import Record
 
@@ -79,7 +79,7 @@ def test_both_sides_cluster_by_the_same_module_paths(ep, onx):
     fx, on = fx_spec(ep), onnx_spec(onx)
     fx_paths = {c["path"] for c in fx.clusters}
     assert {"decoder", "decoder.attention", "decoder.attention.q_proj", "lm_head"} <= fx_paths
-    assert {c["path"] for c in on.clusters} <= fx_paths
+    assert {c["path"] for c in on.clusters if "fx" not in c} <= fx_paths  # (translations: see below)
     attention = next(i for i, c in enumerate(fx.clusters) if c["path"] == "decoder.attention")
     assert fx.clusters[attention]["parent"] == next(i for i, c in enumerate(fx.clusters) if c["path"] == "decoder")
     source = fx_graph(ep).source
@@ -106,6 +106,56 @@ def test_nodes_painted_by_records(ep, onx):
     # A cluster's frame takes its worst error: linear sits in decoder.attention.q_proj.
     q_proj = re.search(r'subgraph cluster_\d+ \{\n\s*label="q_proj"[^\n]*', fx).group(0)
     assert f'color="{error_color(0.5)}"' in q_proj
+
+
+def test_onnx_nodes_of_one_fx_node_sit_in_its_translation_cluster(ep, onx):
+    """linear_4 became MatMul + Add: a cluster named linear_4 inside fc1's, dashed, painted by its worst
+    record (an inner value's record paints its own node); one-node translations get no cluster."""
+    on = onnx_spec(onx)
+    translations = {c["fx"]: (i, c) for i, c in enumerate(on.clusters) if "fx" in c}
+    assert set(translations) == {"linear_4", "linear_5"}
+    k, cluster = translations["linear_4"]
+    assert on.clusters[cluster["parent"]]["path"] == "decoder.feed_forward.fc1"
+    assert cluster["path"] == "decoder.feed_forward.fc1::linear_4"
+    members = sorted(n["op"] for n in on.nodes if n["cluster"] == k)
+    assert members == ["Add", "MatMul"]
+    assert all(n["links"] == ["linear_4"] for n in on.nodes if n["cluster"] == k)
+    fc2 = next(i for i, c in enumerate(on.clusters) if c["path"] == "decoder.feed_forward.fc2")
+    assert not [n for n in on.nodes if n["cluster"] == fc2 and n["kind"] == "node"], "fc2's nodes are in linear_5's"
+    matmul = next(n for n in on.nodes if n["cluster"] == k and n["op"] == "MatMul")
+    inner = Record(kind="inner", inner_of="linear_4", inner_op="aten.mm.default", ep_name="linear_4::mm",
+                   onnx_name=matmul["outputs"][0], onnx_node_name=matmul["name"], err_abs=0.5, status="mismatch")
+    records = records_for(ep, onx, bad=()) + [inner]
+    source = onnx_graph(onx, records).source
+    assert f'fillcolor="{error_color(0.5)}"' in node_line(source, matmul["id"], on)
+    assert f'fillcolor="{error_color(1e-7)}"' in node_line(source, "onnx:node_linear_4", on)
+    head = re.search(r'subgraph cluster_\d+ \{\n\s*label="linear_4"[^\n]*', source).group(0)
+    assert 'tooltip="the ONNX translation of FX node linear_4"' in head and 'style="rounded,dashed"' in head
+    assert f'color="{error_color(0.5)}"' in head
+    fc1 = re.search(r'label="fc1"[^\n]*\n(.*?)\n\t\t\t}', source, re.S)
+    assert fc1 and 'label="linear_4"' in fc1.group(1), "nested in fc1's cluster"
+    fx = fx_graph(ep, records).source  # the inner record paints no FX node
+    assert f'fillcolor="{error_color(0.5)}"' not in fx
+    svg = render(source)
+    assert ">linear_4</text>" in svg
+
+
+def test_translation_clusters_of_hostile_fx_names_stay_text(onx):
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    evil = '"];evil[<img\\N'
+    for node in model.graph.node:
+        for p in node.metadata_props:
+            if p.key == "pkg.torch.onnx.fx_node" and p.value.startswith("%linear_4 :"):
+                p.value = p.value.replace("%linear_4 :", f"%{evil} :", 1)
+    spec = onnx_spec(model)
+    assert evil in {c.get("fx") for c in spec.clusters}
+    source = onnx_graph(model).source
+    assert f"label={quote(evil)}" in source
+    svg = render(source)
+    assert "<img" not in svg and "&lt;img" in svg
 
 
 def test_error_color_is_a_log_scale():

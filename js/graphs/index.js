@@ -152,7 +152,9 @@ export function mountGraphs(ctx) {
       if (key[0] === "p") return titleOf(s.view.proxies.get(key));
       const i = Number(key.slice(1));
       if (key[0] === "n") return nodeTitle(s.g, i);
-      return `${visible(s.g.spec.clusters[i].path)}\n${fmtInt(s.g.size[i])} nodes`;
+      const cl = s.g.spec.clusters[i];
+      const what = cl.fx != null ? `the ONNX translation of FX node ${visible(cl.fx)}` : visible(cl.path);
+      return `${what}\n${fmtInt(s.g.size[i])} nodes`;
     };
     s.pane.annotate(idOf, titleOf);
     applyPaint(side);
@@ -178,12 +180,13 @@ export function mountGraphs(ctx) {
     renderAll({ fit: true });
   }
 
-  /** Open or close module cluster `c` of `side`, and the same module on the other side. */
+  /** Open or close module cluster `c` of `side`, and the same module on the other side (a translation
+   * cluster, ONNX only, on its side alone). */
   function setCollapsed(side, c, close) {
-    const path = sides[side].g.spec.clusters[c].path;
-    for (const x of SIDES) {
+    const { path, fx } = sides[side].g.spec.clusters[c];
+    for (const x of fx != null ? [side] : SIDES) {
       const s = sides[x];
-      const k = s.g?.spec.clusters.findIndex((cl) => cl.path === path) ?? -1;
+      const k = x === side ? c : s.g?.spec.clusters.findIndex((cl) => cl.path === path && cl.fx == null) ?? -1;
       if (k < 0) continue;
       if (close) s.collapsed.add(k);
       else {
@@ -263,8 +266,11 @@ export function mountGraphs(ctx) {
     s.pane.mark("sbsg-hover", [key]);
     const idx = Number(key.slice(1));
     if (key[0] === "n") return o.pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx) }));
-    // A module box: the same module on the other side, as a box or as its drawn contents.
-    const k = o.g.spec.clusters.findIndex((c) => c.path === s.g.spec.clusters[idx].path);
+    // A translation box: its FX node. A module box: the same module on the other side, as a box or as
+    // its drawn contents.
+    const fx = s.g.spec.clusters[idx].fx;
+    if (fx != null) return o.pane.mark("sbsg-hover", o.g.byName.has(fx) ? keysOf(other, { nodes: [o.g.byName.get(fx)] }) : []);
+    const k = o.g.spec.clusters.findIndex((c) => c.path === s.g.spec.clusters[idx].path && c.fx == null);
     if (k >= 0) o.pane.mark("sbsg-hover", keysOf(other, { cluster: k }));
   }
 

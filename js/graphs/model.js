@@ -97,7 +97,9 @@ export function paintClusters(g, paint) {
 
 /** The node a table row names on this side, or -1. */
 export function nodeOfRow(g, row) {
-  if (g.side === "fx") return row.ep_name != null ? g.byName.get(row.ep_name) ?? -1 : -1;
+  // an inner value (inside an FX node's ONNX translation) has no FX node of its own: its ep_name is
+  // "<fx node>::<finer node>"; it paints its ONNX node, by node name or value name like any row
+  if (g.side === "fx") return row.ep_name != null && row.kind !== "inner" ? g.byName.get(row.ep_name) ?? -1 : -1;
   const byNode = row.onnx_node_name != null ? g.byName.get(row.onnx_node_name) : undefined;
   if (byNode !== undefined) return byNode;
   return row.onnx_name != null ? g.byValue.get(row.onnx_name) ?? -1 : -1;
@@ -216,7 +218,8 @@ export function buildView(g, { collapsed = new Set(), only = null, paint = [], c
     } else if (what === "open") {
       const p = clusterPaint[c];
       lines.push(`${indent}subgraph cluster_${c} {`);
-      lines.push(`${indent}  label=${quote(labelText(clusterLabel(g, c)))} style=rounded penwidth=2 color=${quote(p ? fill(p, colorFor) : "#999999")}`);
+      const style = clusters[c].fx != null ? '"rounded,dashed"' : "rounded"; // an FX node's translation: dashed
+      lines.push(`${indent}  label=${quote(labelText(clusterLabel(g, c)))} style=${style} penwidth=2 color=${quote(p ? fill(p, colorFor) : "#999999")}`);
       todo.push(["close", c, indent], ["members", c, `${indent}  `]);
     } else {
       for (const line of inCluster.get(c) || []) lines.push(indent + line);
@@ -257,9 +260,11 @@ function roots(g) {
   return g.spec.clusters.flatMap((c, i) => (c.parent < 0 ? [i] : []));
 }
 
-/** A cluster's label: its module path relative to the parent cluster ("layers.0", "self_attn"). */
+/** A cluster's label: its module path relative to the parent cluster ("layers.0", "self_attn"); a
+ * translation's (the ONNX nodes made from one FX node): that node's name. */
 export function clusterLabel(g, c) {
-  const { path, parent } = g.spec.clusters[c];
+  const { path, parent, fx } = g.spec.clusters[c];
+  if (fx != null) return String(fx);
   const prefix = parent >= 0 ? g.spec.clusters[parent].path + "." : "";
   return path.startsWith(prefix) ? path.slice(prefix.length) : path;
 }

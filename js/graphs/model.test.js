@@ -196,3 +196,29 @@ test("a node's hover text names the user's nodes whose value it holds", () => {
   assert.equal(nodeTitle(g, 0), "view_3\nview\nyour program: reshape, to_5");
   assert.equal(nodeTitle(g, 1), "x");
 });
+
+test("a translation cluster (the ONNX nodes of one FX node) is labelled by the FX name, as text, inside its module", async () => {
+  const { clusterLabel } = await import("./model.js");
+  const evil = '<img src=x onerror=alert(1)>"];x[\\N';
+  const spec = {
+    ...ONNX,
+    clusters: [...ONNX.clusters, { path: `mlp.fc::${evil}`, parent: 1, fx: evil }],
+    nodes: ONNX.nodes.map((n, i) => (i === 1 || i === 2 ? { ...n, cluster: 2, links: [evil] } : n)),
+  };
+  const g = indexGraph(spec);
+  assert.equal(clusterLabel(g, 2), evil);
+  assert.equal(clusterLabel(g, 1), "fc");
+  const inner = { i: 9, kind: "inner", inner_of: "linear", ep_name: "linear::mm", onnx_name: "val_1", onnx_node_name: "node_MatMul_1", err_abs: 0.25, status: "mismatch" };
+  const { paint } = paintGraph(g, [...ROWS, inner]);
+  assert.equal(paint[1].status, "mismatch", "the inner row paints its own ONNX node");
+  assert.equal(paint[2].err, 1e-6, "the FX node's row paints the node of its value");
+  assert.equal(nodeOfRow(fx, inner), -1, "no FX node for an inner value");
+  const view = buildView(g, { paint, clusterPaint: paintClusters(g, paint), colorFor });
+  const open = view.dot.split("\n").findIndex((line) => line.includes("subgraph cluster_2"));
+  assert.ok(open > view.dot.split("\n").findIndex((line) => line.includes("subgraph cluster_1")), "nested in its module");
+  assert.equal(view.dot.split("\n")[open + 1].trim().split(" style=")[0], `label=${quote(evil)}`);
+  assert.ok(view.dot.includes('style="rounded,dashed"'));
+  const closed = buildView(g, { collapsed: new Set([2]), paint, clusterPaint: paintClusters(g, paint), colorFor });
+  assert.equal(closed.repOf[1], "c2");
+  assert.ok(closed.dot.includes(`c2 [label=${quote(`${evil}\n2 nodes`)}`));
+});

@@ -21,7 +21,7 @@ from typing import Iterable
 import graphviz
 
 from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
-from sbs_widget.records import ERROR, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
+from sbs_widget.records import ERROR, KIND_INNER, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
 from sbs_widget.views.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
@@ -83,8 +83,8 @@ def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
     by_value = {v: n["id"] for n in spec.nodes for v in n.get("outputs", ())}
     paint: dict[str, tuple[float | None, str]] = {}
     for r in records:
-        if spec.side == "fx":
-            node_id = by_name.get(r.ep_name) if r.ep_name else None
+        if spec.side == "fx":  # an inner value ("<fx node>::<finer node>") paints only its ONNX node
+            node_id = by_name.get(r.ep_name) if r.ep_name and r.kind != KIND_INNER else None
         else:
             node_id = by_name.get(r.onnx_node_name) or by_value.get(r.onnx_name)
         if node_id is None:
@@ -144,9 +144,13 @@ def _digraph(spec: GraphSpec, paint: dict, comment: str | None = None) -> graphv
             color = color_for(*worst[c]) if worst.get(c) is not None else "#999999"
             parent = spec.clusters[c]["parent"]
             label = path.removeprefix(spec.clusters[parent]["path"] + ".") if parent >= 0 else path
+            tip, style = path, "rounded"
+            fx = spec.clusters[c].get("fx")
+            if fx is not None:  # the ONNX nodes translating one FX node: named after it, dashed
+                label, tip, style = fx, f"the ONNX translation of FX node {fx}", "rounded,dashed"
             lines.append(f"{indent}subgraph cluster_{c} {{")
-            lines.append(f"{indent}\tlabel={quote(label_text(label))} tooltip={quote(visible(path))} style=rounded "
-                         f"color={quote(color)} penwidth=2")
+            lines.append(f"{indent}\tlabel={quote(label_text(label))} tooltip={quote(visible(tip))} "
+                         f"style={quote(style)} color={quote(color)} penwidth=2")
             todo += [("close", c, depth), ("members", c, depth + 1), ("children", c, depth + 1)]
     readers: dict[int, list[int]] = {}
     for a, b in dict.fromkeys(spec.edges):

@@ -5,6 +5,9 @@ A node id is ``fx:<fx node name>`` or ``onnx:<onnx node name>``: the engine's re
 (``Record.ep_name``, ``Record.onnx_node_name``), so a view links a record to its nodes by name alone.
 Clusters are module paths (``decoder.attention``): FX ``nn_module_stack`` and the exporter's
 ``pkg.torch.onnx.name_scopes`` give the same paths, so a cluster means the same module on both sides.
+On the ONNX side, the nodes translating one FX node (the exporter's ``pkg.torch.onnx.fx_node``, the
+grouping the engine's inner records come from) sit in a cluster of their own inside their module's when
+there are two or more of them: linear's Transpose, MatMul and Add, attention's ten nodes.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -47,7 +51,9 @@ class GraphSpec:
     characters escaped) while ``name`` stays the raw name records carry; ``outputs`` (value names the node
     produces, ONNX) and ``links``
     (FX node names the node comes from, ONNX). ``edges``: ``(src, dst)`` node indices.
-    ``clusters``: dicts with ``path`` and ``parent`` (index or -1); a parent precedes its children.
+    ``clusters``: dicts with ``path`` and ``parent`` (index or -1); a parent precedes its children. A
+    translation cluster (ONNX: the nodes made from one FX node) also has ``fx``, that node's raw name
+    (its label), and the path ``<module path>::<fx>``.
     """
 
     side: str
@@ -55,6 +61,7 @@ class GraphSpec:
     edges: list[tuple[int, int]] = field(default_factory=list)
     clusters: list[dict] = field(default_factory=list)
     _cluster_index: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _translation_index: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def to_json(self) -> dict:
         return {"side": self.side, "nodes": self.nodes, "edges": [list(e) for e in self.edges],
@@ -70,6 +77,17 @@ class GraphSpec:
                 self.clusters.append({"path": path, "parent": parent})
                 self._cluster_index[path] = index
             parent = index
+        return index
+
+    def translation_of(self, fx: str, module: int) -> int:
+        """Index of the cluster of the ONNX nodes translating FX node ``fx``, inside cluster ``module``
+        (the first node's, when a hostile model puts them in several), created on first use."""
+        index = self._translation_index.get(fx, -1)
+        if index < 0:
+            index = len(self.clusters)
+            path = self.clusters[module]["path"] if module >= 0 else ""
+            self.clusters.append({"path": f"{path}::{fx}", "parent": module, "fx": fx})
+            self._translation_index[fx] = index
         return index
 
 
@@ -157,21 +175,23 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
         spec.nodes.append({"id": f"onnx-in:{inp.name}", "name": inp.name, "label": label_text(inp.name), "op": "input",
                            "kind": "input", "cluster": -1, "outputs": [inp.name], "links": [inp.name]})
     seen: set[str] = set()
-    for i, node in enumerate(graph.node):
-        if node.op_type == "Constant" and not node.domain:
-            # Like initializers: a third of an unoptimized export (1,035 of 3,112 nodes on a 16-layer
-            # LLaMA), no FX twin, and each one an extra box next to the node reading it.
-            continue
+    # Like initializers, Constant nodes are left out: a third of an unoptimized export (1,035 of 3,112
+    # nodes on a 16-layer LLaMA), no FX twin, and each one an extra box next to the node reading it.
+    drawn = [(i, node) for i, node in enumerate(graph.node) if not (node.op_type == "Constant" and not node.domain)]
+    links = [_fx_link(node) for _, node in drawn]
+    made = Counter(link for link in links if link is not None)  # FX node -> ONNX nodes drawn for it
+    for (i, node), link in zip(drawn, links):
         name = node.name if node.name and node.name not in seen else f"{node.name}#{i}"
         seen.add(name)
-        meta = {p.key: p.value for p in node.metadata_props}
-        match = _FX_NODE_RE.match(meta.get("pkg.torch.onnx.fx_node", ""))
         me = len(spec.nodes)
         label = f"{label_text(node.op_type)}\n{label_text(name)}"
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+        cluster = spec.cluster_of(_onnx_module_chain(scopes))
+        if link is not None and made[link] > 1:  # a translation of several nodes: a cluster of its own
+            cluster = spec.translation_of(link, cluster)
         spec.nodes.append({"id": f"onnx:{name}", "name": name, "label": label,
-                           "op": node.op_type, "kind": "node",
-                           "cluster": spec.cluster_of(_onnx_module_chain(meta.get("pkg.torch.onnx.name_scopes"))),
-                           "outputs": [o for o in node.output if o], "links": [match.group(1)] if match else []})
+                           "op": node.op_type, "kind": "node", "cluster": cluster,
+                           "outputs": [o for o in node.output if o], "links": [link] if link is not None else []})
         for src in {producer[v] for v in node.input if v in producer}:
             spec.edges.append((src, me))
         for out in node.output:
@@ -184,6 +204,13 @@ def onnx_spec(onx, weights: Iterable[str] = ()) -> GraphSpec:
         if out.name in producer:
             spec.edges.append((producer[out.name], me))
     return spec
+
+
+def _fx_link(node) -> str | None:
+    # The FX node an ONNX node translates: "%add_3 : [num_users=2] = call_function[...]".
+    meta = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+    match = _FX_NODE_RE.match(meta)
+    return match.group(1) if match else None
 
 
 def _fx_module_chain(stack) -> list[str]:

@@ -31,6 +31,16 @@ def _cell(value) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _field(record, name: str):
+    # an inner value (inside the ONNX translation of one FX node): which node, and the torch op it is
+    # compared with, in the FX column ("linear::mm (aten.mm.default)", "inside linear (unpaired)")
+    if name == "ep_name" and getattr(record, "kind", None) == R.KIND_INNER:
+        if record.ep_name:
+            return f"{record.ep_name} ({record.inner_op})" if record.inner_op else record.ep_name
+        return f"inside {record.inner_of} (unpaired)"
+    return getattr(record, name, None)
+
+
 def worst_records(records: list, n: int = WORST_ROWS) -> list:
     """The ``n`` pairs a reader should see first: by status severity, then by error."""
     compared = [r for r in records if r.status != R.ONE_SIDED]
@@ -91,7 +101,7 @@ def fallback_html(*, title: str, run_id: int, status: str, records: list, summar
         parts.append(f"<p><b>The {len(rows)} worst pair(s)</b> of {len(records)}:</p><table><thead><tr>"
                      + "".join(f"<th>{_e(label)}</th>" for label, _ in _COLUMNS) + "</tr></thead><tbody>")
         for r in rows:
-            parts.append("<tr>" + "".join(f"<td>{_e(_cell(getattr(r, field, None)))}</td>" for _, field in _COLUMNS)
+            parts.append("<tr>" + "".join(f"<td>{_e(_cell(_field(r, field)))}</td>" for _, field in _COLUMNS)
                          + "</tr>")
         parts.append("</tbody></table>")
     parts.append("</div>")

@@ -231,8 +231,9 @@ class SbsWidget(anywidget.AnyWidget):
         return [records[i] for i in self.selected_rows if 0 <= i < len(records)]
 
     def filtered_dataframe(self):
-        """The rows on screen (filters and search applied), in screen order, as a DataFrame; every row
-        of the current run before a view has drawn the table."""
+        """The rows on screen (filters and search applied), in screen order, as a DataFrame (the inner
+        values folded under a row included, after it); every row of the current run before a view has
+        drawn the table."""
         records = self._runs[-1].records if self._runs else []
         if not self.view_rows and records and not self._view_drawn:
             return to_dataframe(records)
