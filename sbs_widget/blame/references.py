@@ -75,7 +75,7 @@ def rsqrt(x):
 
 def _reference_fn(node: torch.fx.Node):
     """(callable taking the node's args and kwargs, what it is called in a reason) or None."""
-    from torch._decomp import core_aten_decompositions, decomposition_table
+    from torch._decomp import decomposition_table
 
     name = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
     if name in ("scaled_dot_product_attention", "_scaled_dot_product_attention_math"):
@@ -92,9 +92,15 @@ def _reference_fn(node: torch.fx.Node):
         return addmm, "addmm as a product and a sum"
     if isinstance(node.target, torch._ops.OpOverload) and name in _COMPOSITE:
         return node.target, f"torch's own {name}"
-    table = {**decomposition_table, **core_aten_decompositions()}
-    fn = table.get(node.target)
-    return (fn, "torch's own decomposition") if fn is not None else None
+    fn = decomposition_table.get(node.target)
+    if fn is not None:
+        return fn, "torch's own decomposition"
+    # a composite op (its kernel is made of other ops: traced, it comes out as them); reading
+    # core_aten_decompositions() for these would cost 0.3 s per call (it materializes all of them)
+    if isinstance(node.target, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+            node.target.name(), "CompositeImplicitAutograd"):
+        return node.target, "torch's own decomposition"
+    return None
 
 
 # ops traced as themselves (make_fx keeps them whole or splits a composite into its aten ops)
