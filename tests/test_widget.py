@@ -278,6 +278,6 @@ def test_demo_notebook_runs(tmp_path, monkeypatch):
     outputs = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                         for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "reset: linear_4" in outputs
-    assert "'n_moved_in': 5" in outputs
+    assert "'n_moved_in': 6" in outputs  # gelu, linear_5 and the MatMul inside it, add_3, linear_6, the output
     assert (tmp_path / "demo_run0.csv").stat().st_size > 1000
     assert (tmp_path / "demo_report.html").stat().st_size > 100_000

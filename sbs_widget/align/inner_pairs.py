@@ -84,6 +84,13 @@ class InnerPlan:
     def values_of(self, fx: str) -> list[str]:
         return self.by_fx.get(fx, [])
 
+    def recorded_at(self, producer: dict[str, int]) -> dict[str, int]:
+        """ONNX value -> the node its inner record comes with: its producer, or for a constant the
+        node reading it."""
+        at = {x: producer[x] for x in self.pairs if x in producer}
+        at.update({x: i for i, xs in self.constants_of.items() for x in xs})
+        return at
+
 
 def _example(t) -> torch.Tensor | None:
     """A real tensor like the example ``t`` (a fake tensor of export's metadata)."""
@@ -227,7 +234,7 @@ def build_inner_plan(p) -> InnerPlan:
                           if oflow.resolve(o) in oflow.const else
                           f"not paired with a node of {label} (no node of the same kind reading the same values)")
         before = len(plan.pairs)
-        refs = _pair_constants(index, g.nodes, paired, oflow, fflow, plan, fx_name, found)
+        refs = _pair_constants(index, g.nodes, paired, oflow, fflow, plan, fx_name, found, weight_of)
         if not found and len(plan.pairs) == before:
             continue
         plan.by_fx[fx_name] = list(found)
@@ -262,10 +269,11 @@ def _constant_refs(f, fflow, paired_fx: set) -> list:
 
 
 def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: InnerPlan, fx_name: str,
-                    found: dict) -> set:
+                    found: dict, weights) -> set:
     """The floating-point constants a paired ONNX node reads (a scale, a fill value, an epsilon: an
     initializer, a Constant or a Cast of one) paired one to one, in argument order, with the constants its
-    finer node reads; those of a Constant or an initializer are recorded with the node reading them.
+    finer node reads; those of a Constant or an initializer are recorded with the node reading them
+    (not the program's weights: their own records compare them).
     Returns the finer constant nodes the reference must hand back."""
     from sbs_widget.blame.inside import elem_type
 
@@ -282,7 +290,7 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
         if not consts or len(consts) != len(wanted) or len(consts) > 4:
             continue
         for x, (ref, literal) in zip(consts, wanted):
-            if x in plan.pairs or x in found or elem_type(index, x) not in _FLOAT or \
+            if x in plan.pairs or x in found or x in weights or elem_type(index, x) not in _FLOAT or \
                     (literal is None and ref not in finer):
                 continue
             plan.pairs[x] = InnerPair(fx_name, ref, str(f.target), constant=True, literal=literal)

@@ -70,7 +70,8 @@ class RunCuts:
         if not plan:
             return
         producer = p.index.producer
-        made = [producer.get(r.onnx_name, -1) for r in self.records[n_before:]]
+        at = _record_positions(p)
+        made = [at.get(r.onnx_name, -1) for r in self.records[n_before:]]
         release = set(run.release_at[s])
         env_now, onnx_now = run.runner.env, run.onnx_env
         fed = p.__dict__.get("_placeholder_names")
@@ -173,9 +174,21 @@ def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set
         twins: set[str] = set()
         for v in crossing + [o for o, i in producer.items() if c <= i < b]:
             twins.update(n for n in [to_fx.get(v), *aliases.get(v, ())] if n)
+        # and the arguments the rest of the segment's inner values and float64 references read
+        rest = {to_fx[o] for o, i in producer.items() if c <= i < b and o in to_fx}
+        rest |= {p.inner.pairs[o].fx for o, i in _record_positions(p).items() if c <= i < b and o in p.inner.pairs}
+        twins.update(a.name for f in rest for a in p.fx_nodes[p.fx_position[f]].all_input_nodes)
         plan.append((c, crossing, twins))
     cache[key] = plan
     return plan
+
+
+def _record_positions(p) -> dict[str, int]:
+    """ONNX value -> the node its record comes with (its producer; an inner constant: its reader)."""
+    cached = p.__dict__.get("_record_positions")
+    if cached is None:
+        cached = p.__dict__["_record_positions"] = {**p.index.producer, **p.inner.recorded_at(p.index.producer)}
+    return cached
 
 
 def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget: int | None):

@@ -57,9 +57,9 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, r
         fx_need[s] = max(fx_need[s], p.fx_position[fx_name])
         if reference:
             _hold_reference_inputs(p, fx_name, v, s, fx_release)
-    recorded_at = {x: i for i, xs in p.inner.constants_of.items() for x in xs}  # (constants: with their reader)
+    recorded_at = p.inner.recorded_at(idx.producer)  # (a constant: with the node reading it)
     for o, inner in p.inner.pairs.items():  # a finer reference reads its FX node's arguments
-        s = segment_of_node[recorded_at.get(o, idx.producer.get(o, 0))]
+        s = segment_of_node[recorded_at.get(o, 0)]
         for a in p.fx_nodes[p.fx_position[inner.fx]].all_input_nodes:
             if a.op != "placeholder":
                 fx_release[a.name] = max(fx_release.get(a.name, -1), s)
