@@ -313,7 +313,7 @@ def evaluate(ep, model, args, kwargs, fault_list):
             local = max((x for x in nodes if x.err_local is not None), key=lambda x: x.err_local, default=None)
             base = tuple(bool(x is not None and is_hit(as_culprit(x), fault, prepared))
                          for x in (first, local))
-            results.append((fault, rank, how, found[:3], base, exact_rank))
+            results.append((fault, rank, how, found[:3], base, exact_rank, _family(prepared, fault)))
     return results, false_alarms
 
 
@@ -369,8 +369,8 @@ def main(argv=None) -> int:
             flist = make_faults(model, a, kw, per_kind=args.per_kind, seed=args.seed, inner=inner)
             results, fa = evaluate(ep, model, a, kw, flist)
             alarms[(name, optimize)] = fa
-            for fault, rank, how, found, base, exact_rank in results:
-                rows.append((name, optimize, fault.kind, rank, how) + base + (exact_rank,))
+            for fault, rank, how, found, base, exact_rank, family in results:
+                rows.append((name, optimize, fault.kind, rank, how) + base + (exact_rank, family))
                 if args.verbose and (exact_rank if EXACT[0] else rank) != 1:
                     print(f"MISS {name} opt={optimize} {fault.description}: rank={rank}", flush=True)
                     for c in found:
@@ -383,6 +383,30 @@ def main(argv=None) -> int:
 
 
 EXACT = [False]  # --exact: set by main
+
+# the translation a fault sits in, by the op of its FX node (the exporter's metadata on the ONNX node)
+FAMILIES = ("attention", "linear", "norm", "activation")
+_FAMILY_OPS = {
+    "attention": ("scaled_dot_product_attention", "_softmax", "softmax", "flash_attention", "efficient_attention"),
+    "linear": ("linear", "addmm", ".mm.", "bmm", "matmul", "baddbmm"),
+    "norm": ("layer_norm", "rms_norm", "group_norm", "batch_norm", "rsqrt", ".var", ".mean."),
+    "activation": ("silu", "gelu", "sigmoid", "tanh", "relu", "elu", "hardswish", "softplus", "mish"),
+}
+
+
+def _family(prepared, fault) -> str:
+    """Which kind of translation the fault's ONNX node lies in (the FX op it translates)."""
+    index = prepared.index
+    at = {n.name: i for i, n in enumerate(index.nodes)}
+    for name in sorted(fault.ok_nodes):
+        i = at.get(name)
+        fx = index.node_fx[i] if i is not None else None
+        if fx in prepared.fx_position:
+            target = str(prepared.fx_nodes[prepared.fx_position[fx]].target)
+            for family, ops in _FAMILY_OPS.items():
+                if any(op in target for op in ops):
+                    return family
+    return "other"
 
 
 def _inner_nodes(ep, model) -> set:
@@ -411,10 +435,12 @@ def _table(rows, alarms) -> None:
               f"| {100 * local:8.1f}% |")
 
     print()
-    print(f"| {'fault kind / model':22s} | faults |  top-1 |  top-3 | fused | first-div | max-local |")
+    print(f"| {'fault kind / where / model':22s} | faults |  top-1 |  top-3 | fused | first-div | max-local |")
     print(f"|{'-' * 24}|--------|--------|--------|-------|-----------|-----------|")
     for kind in KINDS:
         line(kind, [r for r in rows if r[2] == kind])
+    for family in FAMILIES + ("other",):
+        line(f"in {family}", [r for r in rows if r[8] == family])
     for name in sorted({r[0] for r in rows}):
         for opt in (False, True):
             line(f"{name} opt={opt}", [r for r in rows if r[0] == name and r[1] == opt])
