@@ -435,7 +435,7 @@ def _table(rows, alarms) -> None:
               f"| {100 * local:8.1f}% |")
 
     print()
-    print(f"| {'fault kind / where / model':22s} | faults |  top-1 |  top-3 | fused | first-div | max-local |")
+    print(f"| {'fault kind / model':22s} | faults |  top-1 |  top-3 | fused | first-div | max-local |")
     print(f"|{'-' * 24}|--------|--------|--------|-------|-----------|-----------|")
     for kind in KINDS:
         line(kind, [r for r in rows if r[2] == kind])
