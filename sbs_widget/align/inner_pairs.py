@@ -80,6 +80,7 @@ class InnerPlan:
 
     by_fx: dict[str, list[str]] = field(default_factory=dict)  # FX node -> its paired ONNX values
     constants_of: dict[int, list[str]] = field(default_factory=dict)  # ONNX node -> constants recorded with it
+    group_value: dict[str, str] = field(default_factory=dict)  # FX node -> the value its ONNX group ends at
 
     def values_of(self, fx: str) -> list[str]:
         return self.by_fx.get(fx, [])
@@ -238,6 +239,7 @@ def build_inner_plan(p) -> InnerPlan:
         if not found and len(plan.pairs) == before:
             continue
         plan.by_fx[fx_name] = list(found)
+        plan.group_value[fx_name] = value
         for o, f in found.items():
             plan.pairs[o] = InnerPair(fx_name, f, str(finer_nodes[f].target),
                                       index.op_types[index.producer[o]] == "Transpose")

@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.metrics import compute_errors_many, same_shape
+from sbs_widget.engine.node_local import ANCHOR, inner_output_name, local_model
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import upcast
 from sbs_widget.records import Record
@@ -23,7 +25,8 @@ from sbs_widget.records import Record
 
 class InnerValues:
     """Mixin of ``LockstepRun`` (its state is the run's); ``self._finer``: finer values of the
-    segment being measured, by FX node (dropped after it)."""
+    segment being measured, by FX node, ``self._apart``: its inner values recomputed apart (half
+    precision), both dropped after it."""
 
     def _finer_values(self, fx: str, exact: bool = False) -> dict | tuple[str, str]:
         """The paired values of ``fx``'s finer reference on its torch arguments (``exact``: in float64),
@@ -54,6 +57,50 @@ class InnerValues:
             cache[key] = (R.ERROR, f"the finer reference failed: {type(e).__name__}: {str(e)[:200]}")
         return cache[key]
 
+    def _inner_apart(self, values: list[str], torch_side: bool) -> dict:
+        """(half-precision programs) ``values``, inner values, recomputed apart by their translations'
+        ONNX nodes, fed the ONNX side's values of the translations' inputs (``torch_side``: torch's,
+        for err_local): handed back by the lockstep's segments, they would be rounded to float16 where
+        onnxruntime keeps float32 between nodes, and change what follows them."""
+        p = self.p
+        plan, twins = p.inner, p.alignment.onnx_to_fx
+        groups = []
+        for fx in dict.fromkeys(plan.pairs[o].fx for o in values):
+            g = p.group(plan.group_value[fx])
+            if g is not None and g not in groups:
+                groups.append(g)
+        inner = {g.value: [x for x in xs if x in values] for g, xs in
+                 ((g, self._inner_outputs([g]).get(g.value, [])) for g in groups)}
+        inner = {k: xs for k, xs in inner.items() if xs}
+        groups = [g for g in groups if g.value in inner]
+        feeds: dict[str, np.ndarray] = {}
+        env = self.runner.env
+        try:
+            for g in groups:
+                for a in g.anchors:
+                    if torch_side:
+                        feeds[ANCHOR + a] = self._to_feed(env[twins[a]], a)
+                    else:
+                        feeds[ANCHOR + a] = self._onnx_value(a)
+                for c in g.constants:
+                    if self._is_big(c):
+                        feeds[c] = p.weights()[c]
+        except (KeyError, TypeError, ValueError):
+            return {}
+        types = {k: numpy_elem_type(v) for k, v in feeds.items()}
+        names, wanted = [], []
+        for k, g in enumerate(groups):
+            names += [inner_output_name(k, x) for x in inner[g.value]]
+            wanted += inner[g.value]
+        key = ("inner", tuple(g.value for g in groups), tuple(sorted(types.items())))
+        self.used.append(key)
+        try:
+            fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types, inner, values=False)[0])
+            return dict(zip(wanted, self.cancel.call(fn, feeds, names)))
+        except Exception:  # (a translation that cannot run apart: its inner values say so)
+            self.cancel.check("at the inner values of a segment")
+            return {}
+
     def _inner_item(self, rec: Record, o: str) -> tuple[Record, object, object]:
         """``(record, torch reference value, ONNX value)`` to measure, or the record marked why not
         (then the last two are None)."""
@@ -62,7 +109,7 @@ class InnerValues:
         values = self._finer_values(pair.fx)
         if not isinstance(values, dict):
             return self._inner_failed(rec, *values)
-        got = self.onnx_env.get(o)
+        got = self.onnx_env.get(o, self._apart.get(o))
         if got is None and o in self.p.index.initializers:
             got = self.p.weights()[o]
         if got is None:

@@ -42,7 +42,7 @@ class NodeLocalRuns:
             return {}
         key, build = self._local_piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
         self.used.append(key)
-        inner = self._inner_outputs(groups)
+        inner = {} if self.p.half else self._inner_outputs(groups)
         names = [g.output_name(k) for k, g in enumerate(groups)]
         values = [g.value for g in groups]
         for k, g in enumerate(groups):
@@ -82,7 +82,8 @@ class NodeLocalRuns:
 
     def _local_piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
         key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
-        return key, lambda: local_model(self.p.index, groups, types, self._inner_outputs(groups))[0]
+        inner = {} if self.p.half else self._inner_outputs(groups)
+        return key, lambda: local_model(self.p.index, groups, types, inner)[0]
 
     def _local_ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
         """The node-local piece of ``seg`` as a run will ask for it: every group's anchors fed from

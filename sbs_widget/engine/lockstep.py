@@ -53,6 +53,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
         self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans.setdefault(device, {}), device)
         self.onnx_env: dict[str, object] = {}
         self._finer: dict[tuple, object] = {}  # finer references of the segment being measured (inner_run.py)
+        self._apart: dict[str, object] = {}  # its inner values recomputed apart (half precision)
         self.onnx_shapes: dict[str, tuple] = {}
         self.onnx_errors: dict[str, str] = {}
         self.fx_times: dict[str, float] = {}
@@ -178,6 +179,11 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
         duplicate_of, reshaped = p.alignment.duplicate_of, p.alignment.reshaped
         inside = onnx_only_reasons(p)
         inner_pairs, inner_of, inner = p.inner.pairs, p.inner.of, []
+        if p.half:  # inner values recomputed apart, not handed back by the segment (inner_run.py)
+            apart = [o for o, *_ in p.segment_records(seg.start, seg.end) if o in inner_pairs
+                     and not inner_pairs[o].constant]
+            self._apart = self._inner_apart(apart, False) if apart else {}
+            local_inner = self._inner_apart(apart, True) if apart and self.node_local else {}
         shapes: list[tuple[Record, str]] = []  # (record of a reshaped alias, the torch value's shape)
         for o, fx_name, fields, aliases in p.segment_records(seg.start, seg.end):
             rec = Record(*fields)
@@ -252,7 +258,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
         if self.reference:
             self._judge_segment(records, local, local_scale)
         if inner:
-            self._judge_inner(inner, local)
+            self._judge_inner(inner, local_inner if p.half else local)
         reset, exc = self.reset, self.exc
         for rec, fx_name, o in records:
             if rec.kind == R.KIND_INNER and o is not None and o in reset and o in inner_pairs:
@@ -308,6 +314,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
                 n_before, sources_before = len(kept.records) if kept else 0, set(self.sources)
                 yield from self._segment_records(seg, seconds)
                 self._finer.clear()
+                self._apart = {}
                 if kept is not None:
                     kept.take(self, s, a, b, n_before, sources_before, every)
                 self._free_onnx(seg)

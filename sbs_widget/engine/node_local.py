@@ -84,10 +84,10 @@ def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | N
 
 
 def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str, int],
-                inner: dict[str, list[str]] | None = None) -> tuple[onnx.ModelProto, LocalPlan]:
+                inner: dict[str, list[str]] | None = None, values: bool = True) -> tuple[onnx.ModelProto, LocalPlan]:
     """One model holding every group, values renamed per group; anchors are inputs named
     ``sbs_torch::<value>``, big initializers are inputs under their own name. ``inner``: per group
-    value, values inside it handed back too (``inner_output_name``)."""
+    value, values inside it handed back too (``inner_output_name``); ``values=False``: only those."""
     plan = LocalPlan(groups=groups)
     nodes, inits = [], []
     seen_init: set[str] = set()
@@ -124,9 +124,10 @@ def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str
     inputs += [helper.make_tensor_value_info(c, feed_types[c] or 0, None) for c in plan.big_constants]
     outputs = []
     for k, g in enumerate(groups):
-        vi = _output_info(index, g.value)
-        vi.name = g.output_name(k)
-        outputs.append(vi)
+        if values:
+            vi = _output_info(index, g.value)
+            vi.name = g.output_name(k)
+            outputs.append(vi)
         for x in (inner or {}).get(g.value, ()):
             vi = _output_info(index, x)
             vi.name = inner_output_name(k, x)

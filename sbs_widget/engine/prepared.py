@@ -85,7 +85,11 @@ class Prepared:
         self._groups: dict[str, LocalGroup | None] = {}
         # values inside translations paired with a finer torch reference: compared too (handed back)
         self.inner: InnerPlan = build_inner_plan(self)
-        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs) | set(self.inner.pairs)
+        # (half precision: handing a value back would make onnxruntime round it to float16 where it keeps
+        # float32 between nodes, and change what follows; inner_run.py recomputes those apart)
+        self.half = any(getattr(d, "itemsize", 0) == 2 and d.is_floating_point for d in self.alignment.fx_dtypes)
+        self.wanted = set(self.alignment.onnx_to_fx) | set(self.index.outputs) | {
+            v for v, pair in self.inner.pairs.items() if pair.constant or not self.half}
         # FX values whose twin is a constant-folded initializer: compared right after they are computed
         self.fx_folded = {fx for fx, pair in self.alignment.pairs.items()
                           if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
