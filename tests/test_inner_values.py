@@ -141,3 +141,26 @@ def test_the_inner_values_of_a_linear_include_its_transposed_weight(attention):
     assert record.kind == "inner" and record.status == "mismatch" and record.inner_op.startswith("aten.t")
     clean = next(r for r in sbs_widget.run_aligned(ep, model, args) if r.onnx_name == transpose.output[0])
     assert clean.status == "ok" and clean.err_abs == 0
+
+
+def test_the_inputs_of_a_fused_attention_are_compared_in_the_layout_it_reads():
+    """LLaMA rewritten for onnxruntime (MultiHeadAttention): the Transposes and Reshapes feeding the fused
+    node are compared with torch's q, k, v in the (batch, sequence, heads x size) layout the op reads;
+    a wrong permutation there is a mismatch on the Reshape after it."""
+    ep, prog, args, kwargs = zoo.export("llama", optimize=True)
+    fused = zoo.fused_for_ort(prog.model_proto)
+    mha = next(n for n in fused.graph.node if n.op_type == "MultiHeadAttention")
+    producers = {o: n for n in fused.graph.node for o in n.output}
+    feeding = [producers[x] for x in mha.input[:3] if x in producers]
+    assert feeding and all(n.op_type == "Reshape" for n in feeding)
+    records = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, fused, args, kwargs)}
+    for reshape in feeding:
+        transpose = producers[reshape.input[0]]
+        for value in (transpose.output[0], reshape.output[0]):
+            r = records[value]
+            assert r.kind == "inner" and r.status == "ok" and "MultiHeadAttention reads" in r.comment, r
+    reshape = feeding[0]
+    transpose = producers[reshape.input[0]]
+    bad = faults.set_attribute(fused, transpose.name, "perm", [0, 1, 2, 3])
+    records = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, bad, args, kwargs)}
+    assert records[reshape.output[0]].status == "mismatch", records[reshape.output[0]]

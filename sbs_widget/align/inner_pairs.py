@@ -14,12 +14,15 @@ Traces are cached by the node's op and argument types and shapes: the layers of 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
+from sbs_widget.align.fused_inputs import fused_input_pairs
 from sbs_widget.blame.flow import FX_CARRY, KINDS, ONNX_CARRY, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
 from sbs_widget.blame.references import reference_program
+from sbs_widget.engine.fx_runner import example_tensor
 
 # ONNX carrier -> the aten carriers doing the same rearrangement
 _CARRIER_KINDS = {
@@ -28,6 +31,7 @@ _CARRIER_KINDS = {
     "Squeeze": {"squeeze", "view", "reshape"}, "Expand": {"expand"}, "Identity": {"clone", "alias", "detach"},
     "Cast": {"_to_copy", "to", "convert_element_type"}, "CastLike": {"_to_copy", "to", "convert_element_type"},
 }
+_COPIES = {"clone", "contiguous", "alias"}  # the same elements, the same shape
 _FLOAT = {1, 10, 11, 16}  # float, float16, double, bfloat16
 MAX_TRANSLATION = 64  # ONNX nodes in one translation beyond which no finer reference is traced
 
@@ -40,6 +44,11 @@ class InnerPair:
     exact_shape: bool = False  # a transpose: compared only in the same shape (a reshape would reorder)
     constant: bool = False     # a constant the translation reads (a scale, a fill value, an epsilon)
     literal: float | None = None  # the scalar the reference writes there, when it is no node of its own
+    program: str = ""          # the reference program it comes from (``InnerPlan.finer``), if not ``fx``'s
+
+    @property
+    def key(self) -> str:
+        return self.program or self.fx
 
 
 @dataclass
@@ -50,7 +59,7 @@ class Finer:
     names: list[str]
     args: list[str]         # FX argument per placeholder
     label: str              # what the reference is ("torch's math definition of attention")
-    node: torch.fx.Node     # the FX node
+    retrace: object         # argument values -> the reference traced on them (gm, or None)
     shapes: tuple           # the argument shapes it was traced at
     _other: dict = field(default_factory=dict, repr=False)  # argument shapes -> module traced at them
 
@@ -62,8 +71,7 @@ class Finer:
             return self.module
         if shapes not in self._other:
             try:
-                found = reference_program(self.node, dict(zip(self.args, args)))
-                gm = found[0] if found is not None else None
+                gm = self.retrace(args)
                 names = {n.name for n in gm.graph.nodes} if gm is not None else set()
                 self._other[shapes] = _returning(gm, self.names) if set(self.names) <= names else None
             except Exception:
@@ -93,29 +101,11 @@ class InnerPlan:
         return at
 
 
-def _example(t) -> torch.Tensor | None:
-    """A real tensor like the example ``t`` (a fake tensor of export's metadata)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    shape = []
-    for d in t.shape:  # a symbolic dimension at its example value, read without a guard (int() would
-        # specialize the program's shape environment)
-        hint = d if isinstance(d, int) else getattr(getattr(d, "node", None), "hint", None)
-        if hint is None:  # unbacked
-            return None
-        shape.append(int(hint))
-    if t.dtype == torch.bool:
-        return torch.ones(shape, dtype=torch.bool)
-    if t.dtype.is_floating_point:
-        return torch.rand(shape, dtype=t.dtype)
-    return torch.zeros(shape, dtype=t.dtype)
-
-
 def _trace(node: torch.fx.Node, cache: dict):
     """The finer reference of ``node`` traced on examples of its arguments, cached by signature."""
     values, key = {}, [node.target]
     for a in node.all_input_nodes:
-        ex = _example(a.meta.get("val"))
+        ex = example_tensor(a.meta.get("val"))
         if ex is None:
             return None
         values[a.name] = ex
@@ -146,13 +136,16 @@ def _shape(vt) -> tuple | None:
     return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
 
 
-def _pair_carriers(index, group_nodes, paired: dict, sources: dict, gm) -> None:
+def pair_carriers(index, group_nodes, paired: dict, sources: dict, gm) -> None:
     """Carriers of a paired value, an anchor or a weight, paired with the finer carrier of the same
     source, kind and shape (a weight's Transpose with its ``t``)."""
     by_input: dict[str, list] = {}
     for f in gm.graph.nodes:
         if f.op == "call_function" and op_name(f) in FX_CARRY and f.all_input_nodes:
-            by_input.setdefault(f.all_input_nodes[0].name, []).append(f)
+            src = f.all_input_nodes[0]
+            while op_name(src) in _COPIES and src.all_input_nodes:  # (a reshape of a transpose: a copy first)
+                src = src.all_input_nodes[0]
+            by_input.setdefault(src.name, []).append(f)
     used = set(paired.values())
     for n in group_nodes:
         if n.op_type not in ONNX_CARRY or not n.input or not n.output or n.output[0] in paired:
@@ -216,7 +209,7 @@ def build_inner_plan(p) -> InnerPlan:
         by_fx = {fx: ph for ph, fx in placeholder_fx.items()}
         sources = dict(anchor_ph)
         sources.update({w: by_fx[ph] for w, ph in weight_of.items() if ph in by_fx})
-        _pair_carriers(index, group_nodes, paired, sources, gm)
+        pair_carriers(index, group_nodes, paired, sources, gm)
         finer_nodes = {f.name: f for f in gm.graph.nodes}
         found = {}
         for o in inside:
@@ -249,8 +242,24 @@ def build_inner_plan(p) -> InnerPlan:
             returning[key] = _returning(gm, names)
         traced_at = tuple(tuple(ph.meta["val"].shape) for ph in gm.graph.nodes if ph.op == "placeholder"
                           and isinstance(ph.meta.get("val"), torch.Tensor))
-        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, node, traced_at)
+        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label,
+                                    functools.partial(_retrace, node, list(placeholder_fx.values())), traced_at)
+    if not any(getattr(d, "itemsize", 0) == 2 for d in al.fx_dtypes):  # (half precision: not recomputed apart)
+        for found in fused_input_pairs(p, pair_carriers, set(plan.pairs)):
+            plan.finer[found.key] = _finer_of(found.gm, found.names, found.args, found.label, found.retrace)
+            for o, f in found.pairs.items():
+                fx = plan.of.get(o) or index.node_fx[index.producer[o]] or found.args[0]
+                plan.pairs[o] = InnerPair(fx, f, found.ops[f], index.op_types[index.producer[o]] == "Transpose",
+                                          program=found.key)
+                plan.of[o] = fx
+                plan.why.pop(o, None)
     return plan
+
+
+def _finer_of(gm, names: list[str], args: list[str], label: str, retrace) -> Finer:
+    shapes = tuple(tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"
+                   and isinstance(n.meta.get("val"), torch.Tensor))
+    return Finer(_returning(gm, names), names, args, label, retrace, shapes)
 
 
 def _constant_refs(f, fflow, paired_fx: set) -> list:
@@ -305,6 +314,11 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
     return refs
 
 
+def _retrace(node: torch.fx.Node, names: list[str], args: list):
+    found = reference_program(node, dict(zip(names, args)))
+    return found[0] if found is not None else None
+
+
 def _unpaired(plan: InnerPlan, values, why: str) -> None:
     for o in values:
         plan.why.setdefault(o, why)
@@ -341,8 +355,8 @@ def inner_fields(p, value: str) -> tuple:
     if pair_.constant:
         what = f"the scalar {pair_.literal:.6g}" if pair_.literal is not None else "the constant"
         comment = (f"a constant inside the translation of {fx!r}: compared with {what} "
-                   f"{plan.finer[fx].label} uses there ({pair_.finer})")
+                   f"{plan.finer[pair_.key].label} uses there ({pair_.finer})")
     else:
-        comment = f"inside the translation of {fx!r}: compared with {plan.finer[fx].label} ({pair_.finer})"
+        comment = f"inside the translation of {fx!r}: compared with {plan.finer[pair_.key].label} ({pair_.finer})"
     return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_name=f"{fx}::{pair_.finer}",
                        ep_target=pair_.op, ep_origin=info.origin, stack_trace=info.stack_line)

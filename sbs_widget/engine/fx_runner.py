@@ -76,6 +76,24 @@ def example_tensors(node: torch.fx.Node) -> list[torch.Tensor]:
     return [v for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
 
 
+def example_tensor(t) -> torch.Tensor | None:
+    """A real tensor like the example ``t`` (a fake tensor of export's metadata), or None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    shape = []
+    for d in t.shape:  # a symbolic dimension at its example value, read without a guard (int() would
+        # specialize the program's shape environment)
+        hint = d if isinstance(d, int) else getattr(getattr(d, "node", None), "hint", None)
+        if hint is None:  # unbacked
+            return None
+        shape.append(int(hint))
+    if t.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    if t.dtype.is_floating_point:
+        return torch.rand(shape, dtype=t.dtype)
+    return torch.zeros(shape, dtype=t.dtype)
+
+
 def numel_hint(t: torch.Tensor) -> int:
     """Number of elements, symbolic dimensions counted at their example value."""
     n = t.numel()

@@ -28,14 +28,14 @@ class InnerValues:
     segment being measured, by FX node, ``self._apart``: its inner values recomputed apart (half
     precision), both dropped after it."""
 
-    def _finer_values(self, fx: str, exact: bool = False) -> dict | tuple[str, str]:
-        """The paired values of ``fx``'s finer reference on its torch arguments (``exact``: in float64),
-        or (the status its records take, why) when there are none."""
-        key = (fx, exact)
+    def _finer_values(self, program: str, exact: bool = False) -> dict | tuple[str, str]:
+        """The paired values of a finer reference (``InnerPlan.finer[program]``) on its torch arguments
+        (``exact``: in float64), or (the status its records take, why) when there are none."""
+        key = (program, exact)
         cache = self._finer
         if key in cache:
             return cache[key]
-        finer = self.p.inner.finer[fx]
+        finer = self.p.inner.finer[program]
         env = self._with_inputs(self.runner.env)
         missing = [a for a in finer.args if a not in env]
         if missing:
@@ -106,7 +106,7 @@ class InnerValues:
         (then the last two are None)."""
         pair = self.p.inner.pairs[o]
         rec.inner_of, rec.inner_op = pair.fx, pair.op
-        values = self._finer_values(pair.fx)
+        values = self._finer_values(pair.key)
         if not isinstance(values, dict):
             return self._inner_failed(rec, *values)
         got = self.onnx_env.get(o, self._apart.get(o))
@@ -173,12 +173,12 @@ class InnerValues:
                                              "alike (masked positions)")
             return
         if self.p.inner.pairs[rec.onnx_name].constant:  # copied, not computed: any difference stands
-            label = self.p.inner.finer[rec.inner_of].label
+            label = self.p.inner.finer[self.p.inner.pairs[rec.onnx_name].key].label
             what = f"{g.reshape(-1)[0]:.6g} where {label} uses {e.reshape(-1)[0].item():.6g}" if g.size == 1 else \
                 f"{int((~within).sum())} of {g.size} elements differ from the ones {label} uses"
             rec.comment = _join(rec.comment, what)
             return
-        exact = self._finer_values(rec.inner_of, exact=True)
+        exact = self._finer_values(self.p.inner.pairs[rec.onnx_name].key, exact=True)
         reference = exact.get(self.p.inner.pairs[rec.onnx_name].finer) if isinstance(exact, dict) else None
         if not isinstance(reference, torch.Tensor):
             rec.comment = _join(rec.comment, "no float64 reference: the tolerance rule stands")
@@ -208,7 +208,7 @@ class InnerValues:
 
     def _reset_inner(self, rec: Record, o: str) -> None:
         """Downstream ONNX nodes read the finer reference's value instead of ``o``."""
-        values = self._finer_values(rec.inner_of)
+        values = self._finer_values(self.p.inner.pairs[o].key)
         expected = values.get(self.p.inner.pairs[o].finer) if isinstance(values, dict) else None
         if not isinstance(expected, torch.Tensor):
             rec.comment = _join(rec.comment, "cannot reset: no torch reference value")

@@ -176,8 +176,9 @@ def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set
             twins.update(n for n in [to_fx.get(v), *aliases.get(v, ())] if n)
         # and the arguments the rest of the segment's inner values and float64 references read
         rest = {to_fx[o] for o, i in producer.items() if c <= i < b and o in to_fx}
-        rest |= {p.inner.pairs[o].fx for o, i in _record_positions(p).items() if c <= i < b and o in p.inner.pairs}
         twins.update(a.name for f in rest for a in p.fx_nodes[p.fx_position[f]].all_input_nodes)
+        twins.update(a for o, i in _record_positions(p).items() if c <= i < b and o in p.inner.pairs
+                     for a in p.inner.finer[p.inner.pairs[o].key].args)
         plan.append((c, crossing, twins))
     cache[key] = plan
     return plan

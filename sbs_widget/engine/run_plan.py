@@ -60,10 +60,10 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, r
     recorded_at = p.inner.recorded_at(idx.producer)  # (a constant: with the node reading it)
     for o, inner in p.inner.pairs.items():  # a finer reference reads its FX node's arguments
         s = segment_of_node[recorded_at.get(o, 0)]
-        for a in p.fx_nodes[p.fx_position[inner.fx]].all_input_nodes:
-            if a.op != "placeholder":
-                fx_release[a.name] = max(fx_release.get(a.name, -1), s)
-                fx_need[s] = max(fx_need[s], p.fx_position[a.name])
+        for a in p.inner.finer[inner.key].args:
+            if p.fx_nodes[p.fx_position[a]].op != "placeholder":
+                fx_release[a] = max(fx_release.get(a, -1), s)
+                fx_need[s] = max(fx_need[s], p.fx_position[a])
     for fx_name, _ in p.alignment.output_pairs:
         if fx_name:
             fx_release[fx_name] = len(ranges)  # kept for the output records
