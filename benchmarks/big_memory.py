@@ -14,6 +14,8 @@ with the lean reader, and checks that both give the same records (status and fig
     python benchmarks/big_memory.py build --models llama_1g llama_1g_f16     # ~2 min each
     python benchmarks/big_memory.py build --models llama_3g llama_3g_f16     # float32: ~10 min
     python benchmarks/big_memory.py measure --models llama_1g llama_1g_f16 llama_3g llama_3g_f16
+    python benchmarks/big_memory.py build --models llama_1g2_f16 llama_3g5_f16   # float16 at the issue's sizes
+    python benchmarks/big_memory.py measure --models llama_1g2_f16 llama_3g5_f16 --modes after
 
 Every child runs under ``timeout``; the models stay in /tmp (``--folder``).
 """
@@ -40,6 +42,12 @@ MODELS = {
                      external=True),
     "llama_3g_f16": dict(layers=24, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float16",
                          external=True),
+    # the issue's sizes in float16: ~1.2 GB of float16 weights in one file (twice llama_1g's layers),
+    # ~3.5 GB with external data; initialized in float16 (a float32 model first would need 2x the memory)
+    "llama_1g2_f16": dict(layers=16, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float16",
+                          external=False, init_in_dtype=True),
+    "llama_3g5_f16": dict(layers=48, hidden=2048, heads=16, intermediate=3072, vocab=4096, dtype="float16",
+                          external=True, init_in_dtype=True),
     # a few MB: checks the script itself
     "llama_tiny": dict(layers=2, hidden=256, heads=4, intermediate=512, vocab=1024, dtype="float32",
                        external=True),
@@ -61,8 +69,14 @@ def build(name: str, folder: str) -> None:
         num_key_value_heads=spec["heads"], intermediate_size=spec["intermediate"], vocab_size=spec["vocab"],
         max_position_embeddings=256, tie_word_embeddings=False)
     dtype = getattr(torch, spec["dtype"])
-    with torch.device("cpu"):
-        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    default = torch.get_default_dtype()
+    if spec.get("init_in_dtype"):
+        torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cpu"):
+            model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.config.use_cache = False
     ids = torch.randint(0, spec["vocab"], (1, SEQ), generator=torch.Generator().manual_seed(1))
 
@@ -121,14 +135,15 @@ def _records(path: str) -> list[tuple]:
     return [tuple(r[k] for k in keep) for r in rows]
 
 
-def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run_aligned")) -> list[dict]:
+def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run_aligned"),
+            modes=("before", "after")) -> list[dict]:
     d = os.path.join(folder, name)
     with open(os.path.join(d, "meta.json")) as f:
         weights = json.load(f)["weights"]
     rows = []
     for how in what:
         seen = {}
-        for mode in ("before", "after"):
+        for mode in modes:
             env = {**os.environ, "SBS_WIDGET_EAGER_ONNX": "1" if mode == "before" else "0"}
             out = os.path.join(d, f"{how}_{mode}.csv")
             argv = [a.format(d=d, out=out) for a in CLI] if how == "cli" else ["-c", RUN_ALIGNED, d, out]
@@ -141,6 +156,8 @@ def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run
                              peak_gb=round(peak / 1e9, 3), ratio=round(peak / weights, 2),
                              seconds=round(seconds, 1), rc=code))
             print(json.dumps(rows[-1]), flush=True)
+        if len(modes) < 2:
+            continue
         same = seen["before"] is not None and seen["before"] == seen["after"]
         rows[-1]["same_records"] = same
         rows[-2]["same_records"] = same
@@ -158,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", help="append the rows to this file")
     ap.add_argument("--what", nargs="+", default=["cli", "run_aligned"], choices=["cli", "run_aligned"])
+    ap.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "after"],
+                    help="before: the ONNX file read by onnx.load; after: the lean reader")
     args = ap.parse_args(argv)
     for name in args.models:
         if args.step == "build":
@@ -167,7 +186,7 @@ def main(argv=None) -> int:
                 print(f"{name}: build failed (exit {code})", file=sys.stderr)
                 return code
         else:
-            rows = measure(name, args.folder, args.timeout, args.repeat, args.what)
+            rows = measure(name, args.folder, args.timeout, args.repeat, args.what, args.modes)
             if args.json:
                 with open(args.json, "a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -255,3 +255,40 @@ def test_the_lockstep_as_deployed_from_a_path_with_weights_left_in_the_file(mlp,
     path = _save(model, tmp_path, external=False)
     records = list(sbs_widget.run_aligned(ep, path, (x,), runtime=sbs_widget.DeployedRuntime()))
     assert records and not [r for r in records if r.status in ("mismatch", "error")]
+
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux (glibc) only")
+def test_big_blocks_freed_are_handed_back(mlp):
+    """The runtime's float32 casts of float16 weights (big blocks, allocated and freed by every segment,
+    between small blocks that stay) leave nothing resident once freed, even after glibc raised its mmap
+    threshold: it is fixed when a run's weights are served."""
+    import ctypes
+
+    from sbs_widget.engine.weights import BIG_BLOCK
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    ep, model, x = mlp
+    raised = libc.malloc(30 << 20)  # a 30 MB mapped block freed: glibc's own threshold would rise to 30 MB
+    ctypes.memset(raised, 1, 30 << 20)
+    libc.free(raised)
+    assert list(sbs_widget.run_aligned(ep, model, (x,)))
+    before = rss()
+    big, small = [], []
+    for _ in range(8):  # 64 MB in blocks of 2 x BIG_BLOCK, every page touched, small blocks between them
+        big.append(libc.malloc(2 * BIG_BLOCK))
+        ctypes.memset(big[-1], 1, 2 * BIG_BLOCK)
+        small.append(libc.malloc(300 << 10))  # (bigger than any free block likely lying in the bins)
+    assert rss() - before > 48 << 20
+    for b in big:
+        libc.free(b)
+    assert rss() - before < 8 << 20
+    for b in small:
+        libc.free(b)
