@@ -164,3 +164,19 @@ def test_the_inputs_of_a_fused_attention_are_compared_in_the_layout_it_reads():
     bad = faults.set_attribute(fused, transpose.name, "perm", [0, 1, 2, 3])
     records = {r.onnx_name: r for r in sbs_widget.run_aligned(ep, bad, args, kwargs)}
     assert records[reshape.output[0]].status == "mismatch", records[reshape.output[0]]
+
+
+def test_gpt2_fused_for_onnxruntime_compares_what_the_rewrite_merged_and_split():
+    """GPT-2 rewritten for onnxruntime: the MatMul of each Conv1D now sits in the translation of the view
+    after its addmm (the reference spans addmm and view), and the packed query-key-value is split anew by
+    a Split without metadata (its pieces paired with the program's own split): all compared, all ok."""
+    ep, prog, args, kwargs = zoo.export("gpt2", optimize=True)
+    fused = zoo.fused_for_ort(prog.model_proto)
+    records = list(sbs_widget.run_aligned(ep, fused, args, kwargs))
+    by_value = {r.onnx_name: r for r in records}
+    split = next(n for n in fused.graph.node if n.op_type == "Split")
+    pieces = [by_value[o] for o in split.output]
+    assert all(r.kind == "inner" and r.status == "ok" and "split" in r.inner_op for r in pieces), pieces
+    matmuls = [r for r in records if r.kind == "inner" and r.onnx_op_type == "MatMul"]
+    assert matmuls and all(r.status == "ok" and r.inner_op == "aten.mm.default" for r in matmuls)
+    assert _coverage(records, fused) >= 0.9

@@ -8,10 +8,15 @@ are compared with the torch value they start from, put in the layout the specifi
 from the op's documentation, not from the ONNX node's attributes: a wrong permutation differs from
 it). They are paired as carriers are (``inner_pairs.pair_carriers``: kind, source and shape); the
 inner plan records them like any inner value.
+
+The rewrite also splits a packed query-key-value anew (a Split without the exporter's metadata): its
+pieces are paired with those of the program's own split of the same value (same op kind, the same
+number of pieces of the same shapes) and compared with torch's split of it.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +66,7 @@ class FusedInputs:
     retrace: object     # argument values -> the program traced on them
     pairs: dict         # ONNX value -> its node
     ops: dict           # its node -> op
+    fx: str = ""        # the FX node the values belong to (else the translation's, by metadata)
 
 
 def fused_input_pairs(p, pair_carriers, taken: set) -> list[FusedInputs]:
@@ -95,3 +101,71 @@ def fused_input_pairs(p, pair_carriers, taken: set) -> list[FusedInputs]:
                                    f"the (batch, sequence, heads x size) layout onnxruntime's {node.op_type} reads",
                                    lambda args: make_fx(batch_sequence_hidden)(*args), paired, ops))
     return out
+
+
+_SPLITS = ("split_with_sizes", "split", "chunk", "unbind", "tensor_split")
+
+
+def rewritten_split_pairs(p, taken: set) -> list[FusedInputs]:
+    """The pieces of each Split the rewrite wrote without metadata, paired with the program's own split
+    of the same value (``taken``: ONNX values already paired)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sbs_widget.engine.fx_runner import example_tensor
+
+    index, twins = p.index, p.alignment.onnx_to_fx
+    out = []
+    for node in index.nodes:
+        outs = [o for o in node.output if o]
+        if node.op_type != "Split" or not node.input or node.input[0] not in twins or \
+                any(o in twins or o in taken for o in outs):
+            continue
+        x = twins[node.input[0]]
+        if x not in p.fx_position:
+            continue
+        source = p.fx_nodes[p.fx_position[x]]
+        for split in source.users:
+            name = getattr(getattr(split.target, "overloadpacket", None), "__name__", "")
+            pieces = sorted((u for u in split.users if u.target is operator.getitem), key=lambda u: u.args[1])
+            if name not in _SPLITS or len(pieces) != len(outs) or not all(
+                    _same_shape(index, o, u) for o, u in zip(outs, pieces)):
+                continue
+            example = example_tensor(source.meta.get("val"))
+            if example is None:
+                break
+            call = _splitting(split)
+            try:
+                gm = make_fx(call)(example)
+            except Exception:  # (left one-sided)
+                break
+            got = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])  # the pieces, in order
+            if len(got) != len(outs) or not all(isinstance(g, torch.fx.Node) for g in got):
+                break
+            pairs = {o: g.name for o, g in zip(outs, got)}
+            out.append(FusedInputs(f"onnx node {node.name}", gm, sorted(pairs.values()), [x],
+                                   f"torch's {name} of the same value", lambda args, call=call: make_fx(call)(*args),
+                                   pairs, {g.name: f"{split.target} piece {k}" for k, g in enumerate(got)}, split.name))
+            break
+    return out
+
+
+def _splitting(split):
+    """A function of one tensor splitting it as FX node ``split`` does (its pieces as a tuple)."""
+    target, rest, kwargs = split.target, split.args[1:], dict(split.kwargs)
+
+    def call(t):
+        return tuple(target(t, *rest, **kwargs))
+
+    return call
+
+
+def _same_shape(index, value: str, fx_node) -> bool:
+    """Whether ONNX ``value`` has the shape of ``fx_node``'s example (unknown dimensions match)."""
+    val = fx_node.meta.get("val")
+    vt = index.types.get(value)
+    dims = getattr(vt, "shape", None)
+    if not isinstance(val, torch.Tensor):
+        return False
+    if dims is None:
+        return True
+    return len(dims) == val.dim() and all(not isinstance(d, int) or d <= 0 or d == v for d, v in zip(dims, val.shape))

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sbs_widget.align.fused_inputs import fused_input_pairs
+from sbs_widget.align.fused_inputs import fused_input_pairs, rewritten_split_pairs
 from sbs_widget.blame.flow import FX_CARRY, KINDS, ONNX_CARRY, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
-from sbs_widget.blame.references import reference_program
+from sbs_widget.blame.references import composite_program, reference_program
 from sbs_widget.engine.fx_runner import example_tensor
 
 # ONNX carrier -> the aten carriers doing the same rearrangement
@@ -126,7 +126,7 @@ def _trace(node: torch.fx.Node, cache: dict):
     gm, placeholder_fx, _, label = found
     # the cached trace's placeholders follow the argument order: map them to this node's arguments
     names = [a.name for a in list(node.args) + list(node.kwargs.values()) if isinstance(a, torch.fx.Node)]
-    return gm, dict(zip(placeholder_fx, names)), label
+    return gm, dict(zip(placeholder_fx, names)), label, functools.partial(_retrace, node, names)
 
 
 def _shape(vt) -> tuple | None:
@@ -195,33 +195,23 @@ def build_inner_plan(p) -> InnerPlan:
             _unpaired(plan, inside, "its translation cannot be isolated from torch values")
             continue
         node = p.fx_nodes[p.fx_position[fx_name]]
+        group_nodes = [index.nodes[i] for i in g.nodes]
         traced = _trace(node, cache)
-        if traced is None:
+        tried = _attempt(p, group_nodes, g, value, node, traced, weight_of, inside) if traced else None
+        if tried is None or not any(index.op_types[index.producer[o]] not in ONNX_CARRY for o in tried[1]):
+            # nothing computed inside pairs: the translation may cover FX nodes before this one that have
+            # no ONNX value of their own (a fusion merged an addmm with the view after it)
+            composite = _trace_composite(p, node)
+            again = _attempt(p, group_nodes, g, value, node, composite, weight_of, inside) if composite else None
+            if again is not None and len(again[1]) > len(tried[1] if tried else ()):
+                traced, tried = composite, again
+        if tried is None:
             _unpaired(plan, inside, "no finer torch reference for this op")
             continue
-        gm, placeholder_fx, label = traced
-        group_nodes = [index.nodes[i] for i in g.nodes]
-        anchors_fx = {a: twins[a] for a in g.anchors if a in twins}
-        anchor_ph = anchor_placeholders(node, anchors_fx, placeholder_fx)
-        oflow = OnnxFlow(index, group_nodes, set(g.constants) | set(index.initializers), elem_type(index, value))
-        fflow = FxFlow(gm, set(anchor_ph.values()))
-        paired = pair(oflow, fflow, anchor_ph)
-        by_fx = {fx: ph for ph, fx in placeholder_fx.items()}
-        sources = dict(anchor_ph)
-        sources.update({w: by_fx[ph] for w, ph in weight_of.items() if ph in by_fx})
-        pair_carriers(index, group_nodes, paired, sources, gm)
+        gm, placeholder_fx, label, retrace = traced
+        paired, found, crossed, oflow, fflow = tried
+        plan.why.update(crossed)
         finer_nodes = {f.name: f for f in gm.graph.nodes}
-        found = {}
-        for o in inside:
-            f = finer_nodes.get(paired.get(o))
-            if f is None:
-                continue
-            op = index.op_types[index.producer[o]]
-            if op in ONNX_CARRY or op_name(f) in KINDS.get(op, ()):
-                found[o] = f.name
-            else:  # paired by the values it reads only: another op (a fault, or another way to compute)
-                plan.why[o] = (f"reads the same values as {op_name(f)} in {label} but computes {op}: not compared "
-                               "(the difference, if any, shows on the values that read it)")
         for o in inside:
             if o not in found:
                 _unpaired(plan, [o], "a constant of the translation (it reads no value of torch's)"
@@ -242,13 +232,13 @@ def build_inner_plan(p) -> InnerPlan:
             returning[key] = _returning(gm, names)
         traced_at = tuple(tuple(ph.meta["val"].shape) for ph in gm.graph.nodes if ph.op == "placeholder"
                           and isinstance(ph.meta.get("val"), torch.Tensor))
-        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label,
-                                    functools.partial(_retrace, node, list(placeholder_fx.values())), traced_at)
+        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, retrace, traced_at)
     if not any(getattr(d, "itemsize", 0) == 2 for d in al.fx_dtypes):  # (half precision: not recomputed apart)
-        for found in fused_input_pairs(p, pair_carriers, set(plan.pairs)):
+        taken = set(plan.pairs)
+        for found in fused_input_pairs(p, pair_carriers, taken) + rewritten_split_pairs(p, taken):
             plan.finer[found.key] = _finer_of(found.gm, found.names, found.args, found.label, found.retrace)
             for o, f in found.pairs.items():
-                fx = plan.of.get(o) or index.node_fx[index.producer[o]] or found.args[0]
+                fx = found.fx or plan.of.get(o) or index.node_fx[index.producer[o]] or found.args[0]
                 plan.pairs[o] = InnerPair(fx, f, found.ops[f], index.op_types[index.producer[o]] == "Transpose",
                                           program=found.key)
                 plan.of[o] = fx
@@ -312,6 +302,72 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
             if x not in index.producer or index.op_types[index.producer[x]] == "Constant":
                 plan.constants_of.setdefault(i, []).append(x)  # (a Cast of one: recorded where it is computed)
     return refs
+
+
+def _attempt(p, group_nodes, g, value: str, node, traced, weight_of: dict, inside: list):
+    """The translation's ONNX nodes paired with the traced reference ``traced``: (ONNX value -> its node,
+    the inside values paired, why the others read the same values but compute another op, flows)."""
+    from sbs_widget.blame.inside import elem_type
+
+    index, twins = p.index, p.alignment.onnx_to_fx
+    gm, placeholder_fx, label, _ = traced
+    anchors_fx = {a: twins[a] for a in g.anchors if a in twins}
+    anchor_ph = anchor_placeholders(node, anchors_fx, placeholder_fx)
+    oflow = OnnxFlow(index, group_nodes, set(g.constants) | set(index.initializers), elem_type(index, value))
+    fflow = FxFlow(gm, set(anchor_ph.values()))
+    paired = pair(oflow, fflow, anchor_ph)
+    by_fx = {fx: ph for ph, fx in placeholder_fx.items()}
+    sources = dict(anchor_ph)
+    sources.update({w: by_fx[ph] for w, ph in weight_of.items() if ph in by_fx})
+    pair_carriers(index, group_nodes, paired, sources, gm)
+    finer_nodes = {f.name: f for f in gm.graph.nodes}
+    found, crossed = {}, {}
+    for o in inside:
+        f = finer_nodes.get(paired.get(o))
+        if f is None:
+            continue
+        op = index.op_types[index.producer[o]]
+        if op in ONNX_CARRY or op_name(f) in KINDS.get(op, ()):
+            found[o] = f.name
+        else:  # paired by the values it reads only: another op (a fault, or another way to compute)
+            crossed[o] = (f"reads the same values as {op_name(f)} in {label} but computes {op}: not compared "
+                          "(the difference, if any, shows on the values that read it)")
+    return paired, found, crossed, oflow, fflow
+
+
+def _trace_composite(p, node: torch.fx.Node):
+    """The finer reference of ``node`` and of the FX nodes before it that have no ONNX value of their own
+    (what one ONNX translation may cover once an optimizer merged them), or None when there are none."""
+    al, index = p.alignment, p.index
+    nodes, todo = [node], list(node.all_input_nodes)
+    while todo and len(nodes) < 4:
+        m = todo.pop()
+        pair_ = al.pairs.get(m.name)
+        if m.op != "call_function" or m in nodes or (pair_ is not None and pair_.onnx_value in index.producer):
+            continue
+        nodes.insert(0, m)
+        todo += m.all_input_nodes
+    if len(nodes) == 1:
+        return None
+    order = {n.name: i for i, n in enumerate(p.fx_nodes)}
+    nodes.sort(key=lambda n: order[n.name])
+    values = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in nodes and a.name not in values:
+                ex = example_tensor(a.meta.get("val"))
+                if ex is None:
+                    return None
+                values[a.name] = ex
+    try:
+        found = composite_program(nodes, values)
+    except Exception:  # (a reference that cannot be traced: the translation stays one-sided)
+        return None
+    if found is None:
+        return None
+    gm, placeholder_fx, _, label = found
+    names = list(placeholder_fx.values())
+    return gm, placeholder_fx, label, lambda args: composite_program(nodes, dict(zip(names, args)))[0]
 
 
 def _retrace(node: torch.fx.Node, names: list[str], args: list):

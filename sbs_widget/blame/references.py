@@ -140,3 +140,42 @@ def reference_program(node: torch.fx.Node, values: dict):
     gm = make_fx(call)(*tensors)  # one level: the ops the reference calls stay whole
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return gm, dict(zip(placeholders, names)), tensors, label
+
+
+def composite_program(nodes: list, values: dict):
+    """Like ``reference_program`` for FX ``nodes`` run one after the other (in program order, the last
+    one's value returned), each by its own reference: what one ONNX translation covers when an optimizer
+    merged several FX nodes (an addmm and the view after it). ``values``: the tensors they read from
+    outside, by FX name. None when one of them has no reference and is no plain op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sbs_widget.blame.flow import FX_CARRY, op_name
+
+    inside = {n.name for n in nodes}
+    fns, labels = [], []
+    for n in nodes:
+        # views stay views (their decomposition is prims the pairing does not read as carriers)
+        found = None if op_name(n) in FX_CARRY else _reference_fn(n)
+        if found is None and not isinstance(n.target, torch._ops.OpOverload):
+            return None
+        fn, label = found if found is not None else (n.target, "")
+        fns.append(fn)
+        if label:
+            labels.append(label)
+    names = list(dict.fromkeys(a.name for n in nodes for a in n.all_input_nodes if a.name not in inside))
+    tensors = [values[x].detach().clone(memory_format=torch.contiguous_format) for x in names]
+
+    def call(*ts):
+        env = dict(zip(names, ts))
+        for n, fn in zip(nodes, fns):
+            args = torch.fx.node.map_arg(n.args, lambda a: env[a.name])
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a.name])
+            env[n.name] = fn(*args, **kwargs)
+        out = env[nodes[-1].name]
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    gm = make_fx(call)(*tensors)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    what = ", then ".join(getattr(getattr(n.target, "overloadpacket", None), "__name__", str(n.target)) for n in nodes)
+    label = f"{labels[0] if labels else 'torch'} over {what} (merged into one translation)"
+    return gm, dict(zip(placeholders, names)), tensors, label
