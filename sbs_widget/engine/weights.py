@@ -27,6 +27,7 @@ TRANSPOSE_IN_SEGMENT_BYTES = 128 * 1024
 # prepared state instead of +0.26; same records, same time). A fixed threshold maps each block of this
 # size or more apart, and hands it back when it is freed.
 BIG_BLOCK = 4 << 20
+BIG_MODEL_BYTES = 256 << 20  # weights from which a run sets it (the setting lasts for the process)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _big_blocks_apart = False
 
@@ -56,7 +57,8 @@ class Weights:
     """
 
     def __init__(self, p: Prepared):
-        big_blocks_apart()  # before the runtime's first casts of these weights
+        if p.weight_bytes >= BIG_MODEL_BYTES:  # before the runtime's first casts of these weights (small models:
+            big_blocks_apart()  # their blocks are below the threshold anyway, and the process keeps glibc's own)
         self._arrays: dict[str, np.ndarray] = {}
         self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
         self._finite: set[str] = set()  # served from torch's memory, every value finite
