@@ -198,7 +198,8 @@ def build_inner_plan(p) -> InnerPlan:
         group_nodes = [index.nodes[i] for i in g.nodes]
         traced = _trace(node, cache)
         tried = _attempt(p, group_nodes, g, value, node, traced, weight_of, inside) if traced else None
-        if tried is None or not any(index.op_types[index.producer[o]] not in ONNX_CARRY for o in tried[1]):
+        computing = [o for o in inside if index.op_types[index.producer[o]] not in ONNX_CARRY]
+        if computing and (tried is None or not any(o in tried[1] for o in computing)):
             # nothing computed inside pairs: the translation may cover FX nodes before this one that have
             # no ONNX value of their own (a fusion merged an addmm with the view after it)
             composite = _trace_composite(p, node)
