@@ -6,43 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_models import export_module
+from engine_models import ATTENTION_SCALE as SCALE
+from engine_models import Attention, attention_inputs, export_module
 
 import sbs_widget
 from sbs_widget.samples import faults
-
-SCALE = 0.3  # not 1/sqrt(head size): the scale is the module's own constant
-
-
-class Attention(torch.nn.Module):
-    """Self-attention through scaled_dot_product_attention, with a boolean mask and a scale given."""
-
-    def __init__(self, dim: int = 32, heads: int = 4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.heads = heads
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x, mask):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE)
-        return self.out(a.transpose(1, 2).reshape(b, s, d))
-
-
-def _inputs():
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 8, 32, generator=gen)
-    mask = torch.ones(8, 8, dtype=torch.bool).tril().expand(2, 1, 8, 8).contiguous()
-    return x, mask
 
 
 @pytest.fixture(scope="module")
 def attention():
     """(ep, ONNX model unoptimized, ONNX model optimized, args)."""
-    args = _inputs()
+    args = attention_inputs()
     model = Attention().eval()
     ep, prog = export_module(model, args)
     _, opt = export_module(model, args, optimize=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import onnx
 import pytest
 import torch
-from engine_models import export_module
+from engine_models import ATTENTION_SCALE as SCALE
+from engine_models import Attention, attention_inputs, export_module
 
 import sbs_widget
 from sbs_widget.samples import faults, zoo
@@ -55,30 +56,9 @@ def test_float16_inner_values_are_never_false_alarms():
     assert inner and all(r.status in ("ok", "noise") for r in inner), [r for r in inner if r.status == "mismatch"][:2]
 
 
-SCALE = 0.3
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, dim: int = 32, heads: int = 4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.heads = heads
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x, mask):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE)
-        return self.out(a.transpose(1, 2).reshape(b, s, d))
-
-
 @pytest.fixture(scope="module")
 def attention():
-    gen = torch.Generator().manual_seed(1)
-    args = (torch.randn(2, 8, 32, generator=gen),
-            torch.ones(8, 8, dtype=torch.bool).tril().expand(2, 1, 8, 8).contiguous())
+    args = attention_inputs()
     ep, prog = export_module(Attention().eval(), args)
     return ep, prog.model_proto, args
 
