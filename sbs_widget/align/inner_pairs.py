@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 import torch
 
 from sbs_widget.align.fused_inputs import fused_input_pairs, rewritten_split_pairs
-from sbs_widget.blame.flow import FX_CARRY, KINDS, ONNX_CARRY, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
+from sbs_widget.blame.flow import (
+    FX_CARRY,
+    KINDS,
+    ONNX_CARRY,
+    FxFlow,
+    OnnxFlow,
+    anchor_placeholders,
+    constant_refs,
+    op_name,
+    pair,
+)
 from sbs_widget.blame.references import composite_program, reference_program
 from sbs_widget.engine.fx_runner import example_tensor
 
@@ -231,9 +241,8 @@ def build_inner_plan(p) -> InnerPlan:
         key = (id(gm), tuple(names))
         if key not in returning:  # (layers share traces: one module per trace and set of values)
             returning[key] = _returning(gm, names)
-        traced_at = tuple(tuple(ph.meta["val"].shape) for ph in gm.graph.nodes if ph.op == "placeholder"
-                          and isinstance(ph.meta.get("val"), torch.Tensor))
-        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, retrace, traced_at)
+        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, retrace,
+                                    _traced_at(gm))
     if not any(getattr(d, "itemsize", 0) == 2 for d in al.fx_dtypes):  # (half precision: not recomputed apart)
         taken = set(plan.pairs)
         for found in fused_input_pairs(p, pair_carriers, taken) + rewritten_split_pairs(p, taken):
@@ -248,26 +257,13 @@ def build_inner_plan(p) -> InnerPlan:
 
 
 def _finer_of(gm, names: list[str], args: list[str], label: str, retrace) -> Finer:
-    shapes = tuple(tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"
-                   and isinstance(n.meta.get("val"), torch.Tensor))
-    return Finer(_returning(gm, names), names, args, label, retrace, shapes)
+    return Finer(_returning(gm, names), names, args, label, retrace, _traced_at(gm))
 
 
-def _constant_refs(f, fflow, paired_fx: set) -> list:
-    """The constants finer node ``f`` reads, in argument order: ``(constant node name, None)`` for a
-    constant node no ONNX node is paired with, ``(argument label, value)`` for a literal scalar."""
-    schema = getattr(f.target, "_schema", None)
-    arguments = list(schema.arguments) if schema is not None else []
-    out = []
-    for i, a in enumerate(f.args):
-        if isinstance(a, torch.fx.Node):
-            r = fflow.resolve(a.name)
-            if r in fflow.const and r not in paired_fx:
-                out.append((a.name, None))
-        elif isinstance(a, (int, float)) and not isinstance(a, bool) and i < len(arguments) and \
-                str(arguments[i].type).split("?")[0] in ("Scalar", "Tensor"):
-            out.append((f"{f.name}.{arguments[i].name}", float(a)))
-    return out
+def _traced_at(gm: torch.fx.GraphModule) -> tuple:
+    """The argument shapes ``gm`` was traced at (``Finer.module_for`` traces again at others)."""
+    return tuple(tuple(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"
+                 and isinstance(n.meta.get("val"), torch.Tensor))
 
 
 def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: InnerPlan, fx_name: str,
@@ -288,7 +284,7 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
         if f is None or op_name(f) not in KINDS.get(n.op_type, ()):
             continue
         consts = [x for x in n.input if x and oflow.resolve(x) in oflow.const and oflow.resolve(x) not in paired]
-        wanted = _constant_refs(f, fflow, paired_fx)
+        wanted = constant_refs(f, fflow, paired_fx)
         if not consts or len(consts) != len(wanted) or len(consts) > 4:
             continue
         for x, (ref, literal) in zip(consts, wanted):

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import torch
 
-from sbs_widget.blame.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, op_name, pair
+from sbs_widget.blame.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, constant_refs, op_name, pair
 from sbs_widget.blame.references import reference_program
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import upcast
@@ -68,20 +68,10 @@ def _beyond(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float, dty
 
 
 def _fx_constants(f, flow, finer: dict, paired_fx: set) -> list:
-    """The constants a finer node reads, in argument order: literal scalars and constant nodes that no
-    ONNX node is paired with."""
-    schema = getattr(f.target, "_schema", None)
-    types = [str(a.type) for a in schema.arguments] if schema is not None else []
-    out = []
-    for i, a in enumerate(f.args):
-        if isinstance(a, torch.fx.Node):
-            r = flow.resolve(a.name)
-            if r in flow.const and r not in paired_fx and isinstance(finer.get(a.name), torch.Tensor):
-                out.append(finer[a.name])
-        elif isinstance(a, (int, float)) and not isinstance(a, bool) and i < len(types) and \
-                types[i].split("?")[0] in ("Scalar", "Tensor"):
-            out.append(a)
-    return out
+    """The constants a finer node reads, in argument order (``flow.constant_refs``), as values: literal
+    scalars, and the values of constant nodes that no ONNX node is paired with."""
+    return [literal if literal is not None else finer[name] for name, literal in constant_refs(f, flow, paired_fx)
+            if literal is not None or isinstance(finer.get(name), torch.Tensor)]
 
 
 def _what_differs(n, f, rank: int) -> str:

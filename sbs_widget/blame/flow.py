@@ -231,3 +231,20 @@ def _carried_input(n: torch.fx.Node):
                 and getattr(x.meta.get("val"), "numel", lambda: 1)() != 0]
         return full[0] if len(full) == 1 else None
     return None
+
+
+def constant_refs(f, fflow, paired_fx: set) -> list:
+    """The constants finer node ``f`` reads, in argument order: ``(constant node name, None)`` for a
+    constant node no ONNX node is paired with, ``(argument label, value)`` for a literal scalar."""
+    schema = getattr(f.target, "_schema", None)
+    arguments = list(schema.arguments) if schema is not None else []
+    out = []
+    for i, a in enumerate(f.args):
+        if isinstance(a, torch.fx.Node):
+            r = fflow.resolve(a.name)
+            if r in fflow.const and r not in paired_fx:
+                out.append((a.name, None))
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and i < len(arguments) and \
+                str(arguments[i].type).split("?")[0] in ("Scalar", "Tensor"):
+            out.append((f"{f.name}.{arguments[i].name}", float(a)))
+    return out
