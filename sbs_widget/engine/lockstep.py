@@ -324,6 +324,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
                 self.used.clear()
                 if sum(p.node_bytes[a:b]) >= TRIM_BYTES:
                     return_freed_memory()
+                for f in p.weight_files:  # the pages of the weights this segment read (load/mapped_weights.py)
+                    f.release()
             self.cancel.check("before the last FX nodes and the outputs")
             yield from self._advance_fx(len(p.fx_nodes))
             yield from self._unrecorded_records()  # (before the outputs: they stay last)

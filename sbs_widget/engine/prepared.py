@@ -30,12 +30,13 @@ from sbs_widget.engine.fx_runner import (
 )
 from sbs_widget.engine.lockstep import LockstepRun
 from sbs_widget.engine.node_local import LocalGroup, build_group
-from sbs_widget.engine.run_plan import FX_FOLDED, FX_ONE_SIDED, FX_SKIP, FX_TIMED, ReleasePlan, release_plan
+from sbs_widget.engine.run_plan import FX_ONE_SIDED, ReleasePlan, fx_after, release_plan
 from sbs_widget.engine.runtimes import Runtime, get_runtime
 from sbs_widget.engine.segments import Segment, describe_segment, half_weights_budget, plan_segments
 from sbs_widget.engine.tolerance import least_precise, resolve
 from sbs_widget.engine.weights import Weights
 from sbs_widget.errors import InputError, ModelMismatchError
+from sbs_widget.load.mapped_weights import weight_files
 from sbs_widget.load.onnx_checks import check_input_shapes
 from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.load.readers import load_inputs
@@ -95,10 +96,11 @@ class Prepared:
                           if pair.onnx_value not in self.index.producer and pair.onnx_value in self.index.initializers}
         self.folded_into = {src: names[0] for src, names in self.index.folded_into().items()}
         self.fx_names = [n.name for n in self.fx_nodes]
-        self.fx_after = [_fx_after(n, info, self.alignment, self.fx_folded)
+        self.fx_after = [fx_after(n, info, self.alignment, self.fx_folded)
                          for n, info in zip(self.fx_nodes, self.alignment.fx_nodes)]
         self.node_bytes, self.live_bytes = self._estimate_sizes()
         self.weight_bytes = sum(t.numel() * t.element_size() for t in decomposed.state_dict.values())
+        self.weight_files = weight_files([*decomposed.state_dict.values(), *decomposed.constants.values()])
         self._segments: dict[tuple[int, int], Segment] = {}
         self._compiled: dict[tuple, Callable] = {}
         self._weights: dict[str, np.ndarray] | None = None
@@ -401,6 +403,8 @@ class Prepared:
         than the model itself.
         ``cancel``: a token another thread may fire to stop the run; ``time_limit`` is armed on it.
         ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default)."""
+        for f in self.weight_files:  # (weights read from their file as needed: it must be the one loaded)
+            f.check_unchanged()
         if cancel is None:
             cancel = Cancel(time_limit)
         elif time_limit is not None:
@@ -427,16 +431,6 @@ class Prepared:
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
                            histogram, segment_nodes, keep_sessions, device, cancel, reference, keep_cuts).records()
-
-
-def _fx_after(node: torch.fx.Node, info, alignment: Alignment, folded: set[str]) -> int:
-    """What a run does once an FX node has run."""
-    if node.op != "call_function":
-        return FX_SKIP
-    name = node.name
-    if name in alignment.pairs:
-        return FX_FOLDED if name in folded else FX_TIMED
-    return FX_ONE_SIDED if info.is_tensor and name not in alignment.alias_of else FX_TIMED
 
 
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    import torch
+
     from sbs_widget.engine.prepared import Prepared
 
-# What follows an FX node's run (``Prepared.fx_after``): nothing (not a call), its time only (its
+# What follows an FX node's run (``fx_after``): nothing (not a call), its time only (its
 # twin is compared with its segment), a one-sided record, or a comparison with a folded initializer.
 FX_SKIP, FX_TIMED, FX_ONE_SIDED, FX_FOLDED = 0, 1, 2, 3
 
@@ -91,3 +93,13 @@ def _hold_reference_inputs(p: Prepared, fx_name: str, value: str, s: int, fx_rel
     for n in inputs:
         if n.op != "placeholder":
             fx_release[n.name] = max(fx_release.get(n.name, -1), s)
+
+
+def fx_after(node: torch.fx.Node, info, alignment, folded: set[str]) -> int:
+    """What a run does once an FX node has run."""
+    if node.op != "call_function":
+        return FX_SKIP
+    name = node.name
+    if name in alignment.pairs:
+        return FX_FOLDED if name in folded else FX_TIMED
+    return FX_ONE_SIDED if info.is_tensor and name not in alignment.alias_of else FX_TIMED

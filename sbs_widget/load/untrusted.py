@@ -23,6 +23,8 @@ import threading
 
 import torch
 
+from sbs_widget.load.mapped_weights import mapped_records
+
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (transformers\.cache_utils\.\w+) was not an allowed global")
 _REFUSED = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
@@ -147,7 +149,7 @@ def load_program(path: str):
     """The program of the ``.pt2`` at ``path``, unpickling data only: ``(program or None, error texts)``.
     One load at a time: a second thread's load ending first would otherwise restore ``torch.load``
     under this one."""
-    with _ONE_LOAD, _data_only_unpickling():
+    with _ONE_LOAD, _data_only_unpickling(), mapped_records(path):  # a big file's weights: mapped
         return load_capturing_errors(_load_pt2, path)
 
 
