@@ -109,6 +109,9 @@ def prepare(ep, onx=None) -> Prepared:
                          "inputs")
     key = _cache_key(ep, onx)
     hit = _PREPARED.get(key)
+    if hit is not None and not all(f.unchanged() for f in hit[1].weight_files):
+        del _PREPARED[key]  # same bytes, but a file rewritten: its weights are mapped again
+        hit = None
     if hit is not None:
         _PREPARED.move_to_end(key)
         return hit[1]

@@ -331,6 +331,8 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
             yield from self._unrecorded_records()  # (before the outputs: they stay last)
             yield from self._output_records()
             return_freed_memory()
+            for f in p.weight_files:
+                f.release()
         finally:
             self.cancel.finish()
 

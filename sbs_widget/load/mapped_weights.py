@@ -48,12 +48,14 @@ class WeightFile(mmap.mmap):
         file's bytes) and are read again where a tensor is read next. Safe at any time: nothing writes."""
         self.madvise(mmap.MADV_DONTNEED)
 
-    def check_unchanged(self) -> None:
+    def unchanged(self) -> bool:
         try:
-            now = _identity(os.stat(self.path))
+            return _identity(os.stat(self.path)) == self.identity
         except OSError:
-            now = None
-        if now != self.identity:
+            return False
+
+    def check_unchanged(self) -> None:
+        if not self.unchanged():
             raise LoadError(
                 f"the .pt2 file {self.path!r} changed on disk after it was loaded; its weights are read from the "
                 "file as the comparison needs them, so load it again (or set SBS_WIDGET_MAP_WEIGHTS=0 to hold "
