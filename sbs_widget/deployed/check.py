@@ -116,7 +116,7 @@ def _locate(result, sessions, setting, deployed_model, prepared, args, kwargs, f
 
     def references_of(names):
         try:
-            return program_reference(prepared.decomposed_ep, flat, prepared.fx_last_use, names)
+            return program_reference(prepared.decomposed_ep, flat, prepared.fx_last_use, names, prepared.weight_files)
         except NoReference:
             return {}
 
@@ -140,7 +140,7 @@ def _float64_outputs(prepared, flat: list):
             names = [o.name if isinstance(o, torch.fx.Node) else None for o in outputs]
             try:
                 values = program_reference(prepared.decomposed_ep, flat, prepared.fx_last_use,
-                                           [n for n in names if n])
+                                           [n for n in names if n], prepared.weight_files)
             except NoReference:
                 values = {}
             cache.append([values.get(n) if n else None for n in names])

@@ -17,6 +17,8 @@ import operator
 import torch
 from torch.fx.node import map_aggregate
 
+from sbs_widget.load.mapped_weights import PagesRead
+
 REFERENCE_DTYPE = torch.float64
 _COMPLEX = {torch.complex32: torch.complex128, torch.complex64: torch.complex128}
 # Ops whose result is random or depends on memory, not on the math of the inputs.
@@ -117,6 +119,10 @@ def reference_of(node: torch.fx.Node, env: dict, stop: frozenset[str] = frozense
 SMALL = 1 << 16  # elements: below this, torch's thread pool costs more than it saves
 
 
+def _nbytes(value) -> int:
+    return value.nbytes if isinstance(value, torch.Tensor) else 0
+
+
 def _numel(value) -> int:
     return value.numel() if isinstance(value, torch.Tensor) else SMALL
 
@@ -157,8 +163,11 @@ class ProgramShadow:
     its last reader (``last_use``: FX name -> position of that reader) unless asked to be kept.
     ``failed`` says why, once a node has no float64 counterpart (then nothing more is computed)."""
 
-    def __init__(self, program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int]):
+    def __init__(self, program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int],
+                 weight_files=()):
         self._nodes = list(program.graph.nodes)
+        self._weights = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
+        self._read = PagesRead(weight_files)  # a big .pt2's weights: their pages handed back as it goes
         self._flat = iter(flat)
         self._last_use = last_use
         self._values: dict[str, object] = {}
@@ -185,6 +194,9 @@ class ProgramShadow:
                         single = small
                         torch.set_num_threads(1 if single else threads)
                     self._values[n.name] = _call(n, self._values)
+                    if self._read.files:
+                        self._read.add(sum(_nbytes(self._values.get(m.name)) for m in n.all_input_nodes
+                                           if m.name in self._weights))
                 elif n.op == "get_attr":
                     raise NoReference("the program reads attributes (get_attr): no whole-program reference")
                 self.position = position + 1
@@ -217,10 +229,10 @@ class ProgramShadow:
 
 
 def program_reference(program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int],
-                      wanted: list[str]) -> dict[str, torch.Tensor]:
+                      wanted: list[str], weight_files=()) -> dict[str, torch.Tensor]:
     """The values of FX nodes ``wanted`` (the program's outputs) with the whole program run in float64
     (``ProgramShadow`` run to the end)."""
-    shadow = ProgramShadow(program, flat, last_use)
+    shadow = ProgramShadow(program, flat, last_use, weight_files)
     shadow.advance(len(shadow._nodes), keep=wanted)
     if shadow.failed is not None:
         raise NoReference(shadow.failed)

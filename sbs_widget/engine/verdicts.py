@@ -187,7 +187,7 @@ class Judging:
             if why:
                 self._no_shadow = why
                 return None
-            self._shadow = ProgramShadow(self.p.decomposed_ep, self.flat, self.p.fx_last_use)
+            self._shadow = ProgramShadow(self.p.decomposed_ep, self.flat, self.p.fx_last_use, self.p.weight_files)
         position = self.p.fx_position
         self._shadow.advance(max(position[n] for n in names), keep=names)
         if self._shadow.failed is not None:

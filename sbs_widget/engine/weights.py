@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from sbs_widget.load.mapped_weights import PagesRead
+
 if TYPE_CHECKING:
     from sbs_widget.engine.prepared import Prepared
 
@@ -26,10 +28,6 @@ TRANSPOSE_IN_SEGMENT_BYTES = 128 * 1024
 # on a 1.2 GB float16 LLaMA they kept 0.3 GB more resident at the run's peak (+0.55 GB above the
 # prepared state instead of +0.26; same records, same time). A fixed threshold maps each block of this
 # size or more apart, and hands it back when it is freed.
-# Comparing the weights with the file reads them all: a mapped program's pages are handed back after
-# every this many bytes, not all held at once.
-RELEASE_EVERY = 64 << 20
-
 BIG_BLOCK = 4 << 20
 BIG_MODEL_BYTES = 256 << 20  # weights from which a run sets it (the setting lasts for the process)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
@@ -76,17 +74,13 @@ class Weights:
             src = p.index.folded_from(name)
             if name not in twins and len(src) == 1 and src[0] in params:
                 twins[name] = (src[0], True)
-        read = 0  # bytes of mapped weights read since their pages were last released (load/mapped_weights.py)
+        read = PagesRead(p.weight_files)  # (a big .pt2's weights: their pages handed back as this goes)
         for name in p.index.initializers:
             arr, raw = p.index.initializer_data(name)
             twin = twins.get(name)
             if twin is not None and twin[0] in params and arr.size > 1024:
                 t = params[twin[0]].detach()
-                read += t.nbytes
-                if p.weight_files and read >= RELEASE_EVERY:
-                    for f in p.weight_files:
-                        f.release()
-                    read = t.nbytes
+                read.add(t.nbytes)
                 if t.device.type == "cpu" and t.dtype != torch.bfloat16:
                     view = t.numpy()
                     view = view.T if twin[1] and view.ndim == 2 else view

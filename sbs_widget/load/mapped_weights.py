@@ -64,6 +64,27 @@ class WeightFile(mmap.mmap):
 
 _FILES: weakref.WeakSet[WeightFile] = weakref.WeakSet()
 
+# A pass reading every weight (comparing them with the ONNX file, the program run in float64) hands the
+# pages back after every this many bytes read, so it never holds them all at once.
+RELEASE_EVERY = 64 << 20
+
+
+class PagesRead:
+    """Counts the bytes of weights a pass reads, and hands the pages of ``files`` back every
+    ``RELEASE_EVERY`` bytes (nothing to do for weights held in memory)."""
+
+    def __init__(self, files):
+        self.files, self.bytes = list(files), 0
+
+    def add(self, nbytes: int) -> None:
+        if not self.files:
+            return
+        self.bytes += nbytes
+        if self.bytes >= RELEASE_EVERY:
+            for f in self.files:
+                f.release()
+            self.bytes = 0
+
 
 def _identity(st: os.stat_result) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
