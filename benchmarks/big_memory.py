@@ -8,14 +8,18 @@ the kernel's high-water mark (``ru_maxrss`` of the child):
 - ``cli``: ``python -m sbs_widget compare --ep user.pt2 --onnx model.onnx --inputs inputs.pt -o diff.csv``
 - ``run_aligned``: ``list(sbs_widget.run_aligned(pt2_path, onnx_path, inputs_path))`` from paths
 
-once with today's loading (``SBS_WIDGET_EAGER_ONNX=1``: ``onnx.load`` holds every initializer) and once
-with the lean reader, and checks that both give the same records (status and figures).
+in each mode of ``--modes`` (``MODES``: ``before``, the ONNX file read by ``onnx.load`` and the weights
+held in memory; ``held``, the lean ONNX reader and the weights held; ``after``, today's default: the lean
+reader and a big ``.pt2``'s weights mapped and read as needed), and checks that every mode gives the
+same records (status and figures).
 
-    python benchmarks/big_memory.py build --models llama_1g llama_1g_f16     # ~2 min each
-    python benchmarks/big_memory.py build --models llama_3g llama_3g_f16     # float32: ~10 min
-    python benchmarks/big_memory.py measure --models llama_1g llama_1g_f16 llama_3g llama_3g_f16
-    python benchmarks/big_memory.py build --models llama_1g2_f16 llama_3g5_f16   # float16 at the issue's sizes
-    python benchmarks/big_memory.py measure --models llama_1g2_f16 llama_3g5_f16 --modes after
+    python benchmarks/big_memory.py build --models llama_1g llama_1g2_f16     # ~2 min each
+    python benchmarks/big_memory.py build --models llama_3g llama_3g5_f16     # ~10 min each
+    python benchmarks/big_memory.py measure --models llama_1g llama_1g2_f16 llama_3g llama_3g5_f16
+    python benchmarks/big_memory.py measure --models llama_1g --what cli --limit 1.3   # in a memory cgroup
+
+``--limit X`` runs each child in a memory cgroup limited to X times the weights, page cache included
+(root; a child the kernel kills for want of memory exits 137).
 
 Every child runs under ``timeout``; the models stay in /tmp (``--folder``).
 """
@@ -119,12 +123,54 @@ write_records(records, out)
 """
 
 
-def _child(argv: list[str], env: dict, timeout: int) -> tuple[float, int, int]:
-    """(seconds, peak RSS in bytes, exit code) of one fresh process."""
+class MemoryLimit:
+    """A memory cgroup limiting a child to ``limit`` bytes, page cache included (the kernel reclaims
+    the cgroup's cached file pages before it kills): cgroup v1 (``memory.limit_in_bytes``) or v2
+    (``memory.max``), as root. Its own peak (``memory.max_usage_in_bytes``, v1) counts the cache too."""
+
+    def __init__(self, limit: int):
+        for root, knob, peak in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.max_usage_in_bytes"),
+                                 ("/sys/fs/cgroup", "memory.max", "memory.peak")):
+            if os.path.exists(os.path.join(root, knob if root.endswith("memory") else "cgroup.controllers")):
+                self.path = os.path.join(root, f"sbs_big_{os.getpid()}")
+                os.makedirs(self.path, exist_ok=True)
+                with open(os.path.join(self.path, knob), "w") as f:
+                    f.write(str(limit))
+                self.peak_file = os.path.join(self.path, peak)
+                return
+        raise SystemExit("--limit needs a writable memory cgroup (cgroup v1 or v2, as root)")
+
+    def enter(self) -> None:  # in the child, before exec
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def peak(self) -> int | None:
+        try:
+            with open(self.peak_file) as f:
+                return int(f.read())
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def _child(argv: list[str], env: dict, timeout: int, limit: int | None = None) -> tuple[float, int, int]:
+    """(seconds, peak RSS in bytes, exit code) of one fresh process; ``limit``: bytes it may use, page
+    cache included (a memory cgroup; exit code 137 when the kernel killed it for want of memory)."""
+    cgroup = MemoryLimit(limit) if limit else None
     start = time.perf_counter()
     proc = subprocess.Popen(["timeout", str(timeout), sys.executable, *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=cgroup.enter if cgroup else None)
     _, status, usage = os.wait4(proc.pid, 0)
+    if cgroup:
+        print(f"  cgroup limit {limit / 1e9:.2f} GB: its peak with page cache {(cgroup.peak() or 0) / 1e9:.2f} GB",
+              flush=True)
+        cgroup.close()
     seconds = time.perf_counter() - start
     err = proc.stderr.read()
     proc.stderr.close()
@@ -142,7 +188,7 @@ def _records(path: str) -> list[tuple]:
 
 
 def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run_aligned"),
-            modes=("held", "after")) -> list[dict]:
+            modes=("held", "after"), limit: float | None = None) -> list[dict]:
     d = os.path.join(folder, name)
     with open(os.path.join(d, "meta.json")) as f:
         weights = json.load(f)["weights"]
@@ -153,12 +199,12 @@ def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run
             env = {**os.environ, **MODES[mode]}
             out = os.path.join(d, f"{how}_{mode}.csv")
             argv = [a.format(d=d, out=out) for a in CLI] if how == "cli" else ["-c", RUN_ALIGNED, d, out]
-            runs = [_child(argv, env, timeout) for _ in range(repeat)]
+            runs = [_child(argv, env, timeout, int(limit * weights) if limit else None) for _ in range(repeat)]
             seconds = min(r[0] for r in runs)
             peak = min(r[1] for r in runs)
             code = max(r[2] for r in runs)
             seen[mode] = _records(out) if code == 0 and os.path.exists(out) else None
-            rows.append(dict(model=name, what=how, mode=mode, weights_gb=round(weights / 1e9, 3),
+            rows.append(dict(model=name, what=how, mode=mode, limit=limit, weights_gb=round(weights / 1e9, 3),
                              peak_gb=round(peak / 1e9, 3), ratio=round(peak / weights, 2),
                              seconds=round(seconds, 1), rc=code))
             print(json.dumps(rows[-1]), flush=True)
@@ -186,6 +232,8 @@ def main(argv=None) -> int:
                     help="before: the ONNX file read by onnx.load, the weights held in memory; held: the lean "
                          "reader, the weights held in memory; after: the lean reader, a big .pt2's weights "
                          "mapped and read as needed (today's default)")
+    ap.add_argument("--limit", type=float, help="run each child in a memory cgroup limited to this many times "
+                                                "the weights, page cache included (root; exit 137: killed)")
     args = ap.parse_args(argv)
     for name in args.models:
         if args.step == "build":
@@ -195,7 +243,7 @@ def main(argv=None) -> int:
                 print(f"{name}: build failed (exit {code})", file=sys.stderr)
                 return code
         else:
-            rows = measure(name, args.folder, args.timeout, args.repeat, args.what, args.modes)
+            rows = measure(name, args.folder, args.timeout, args.repeat, args.what, args.modes, args.limit)
             if args.json:
                 with open(args.json, "a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -119,6 +119,11 @@ def numpy_dtype(elem_type: int) -> np.dtype | None:
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 
 
+def onnx_itemsize(elem_type: int) -> int:
+    """Bytes per element of ONNX element type ``elem_type`` (4 for the unknown)."""
+    return _ITEMSIZE.get(elem_type, 4)
+
+
 def onnx_value_bytes(vt) -> int:
     """Bytes of an ONNX value of type ``vt`` (``OnnxIndex.types``), a symbolic dimension counted as 16."""
     if vt is None or vt.shape is None:

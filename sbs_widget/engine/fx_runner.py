@@ -10,6 +10,7 @@ from torch.fx.immutable_collections import immutable_list
 from torch.fx.node import map_arg
 
 from sbs_widget.errors import InputError
+from sbs_widget.load.mapped_weights import PagesRead
 
 
 def last_uses(graph: torch.fx.Graph) -> dict[str, int]:
@@ -187,6 +188,10 @@ def on_inputs_device(program: torch.export.ExportedProgram, flat: list) -> tuple
 _CPU = torch.device("cpu")
 
 
+def _fake_nbytes(value) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
 class FxRunner:
     """Steps through ``program.graph``; ``env`` maps node names to values.
 
@@ -207,6 +212,21 @@ class FxRunner:
         self.device = device
         self._plans = {} if plans is None else plans  # position -> call plan; shareable between runs
         # (on the same device)
+        self.pages: tuple[dict[int, int], PagesRead] | None = None  # (see hand_back_pages)
+
+    def hand_back_pages(self, files) -> None:
+        """Weights mapped from their file (``files``, load/mapped_weights.py): hand their pages back
+        every ``RELEASE_EVERY`` bytes of weights the nodes read, not only after each segment (a
+        segment may read most of a model's weights)."""
+        if not files:
+            return
+        weights = {s.arg.name for s in self.program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
+        reads: dict[int, int] = {}
+        for i, node in enumerate(self.nodes):
+            read = sum(_fake_nbytes(m.meta.get("val")) for m in node.all_input_nodes if m.name in weights)
+            if read:
+                reads[i] = read
+        self.pages = (reads, PagesRead(files))
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -241,6 +261,7 @@ class FxRunner:
         perf = time.perf_counter
         append = times.append
         release_get = release.get if release is not None else None
+        pages = self.pages
         position = self.position
         end = min(stop + 1, len(nodes))
         try:
@@ -282,6 +303,8 @@ class FxRunner:
                         except Exception as e:
                             return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
                     append((position - 1, perf() - begin))
+                    if pages is not None and position - 1 in pages[0]:
+                        pages[1].add(pages[0][position - 1])
                     name = node.name
                     env[name] = value
                     if keep and name in keep:

@@ -32,7 +32,7 @@ from sbs_widget.engine.lockstep import LockstepRun
 from sbs_widget.engine.node_local import LocalGroup, build_group
 from sbs_widget.engine.run_plan import FX_ONE_SIDED, ReleasePlan, fx_after, release_plan
 from sbs_widget.engine.runtimes import Runtime, get_runtime
-from sbs_widget.engine.segments import Segment, describe_segment, half_weights_budget, plan_segments
+from sbs_widget.engine.segments import Segment, describe_segment, plan_segments, weights_budget
 from sbs_widget.engine.tolerance import least_precise, resolve
 from sbs_widget.engine.weights import Weights
 from sbs_widget.errors import InputError, ModelMismatchError
@@ -158,7 +158,7 @@ class Prepared:
             budget = max(self.live_bytes, self.weight_bytes // 2, 4 * max(self.node_bytes, default=0),
                          MIN_SEGMENT_BYTES)
             self._plans[key] = plan_segments(len(self.index.nodes), cuts, self.node_bytes, budget, segment_nodes,
-                                             half_weights_budget(self.index))
+                                             weights_budget(self.index, bool(self.weight_files)))
         return list(self._plans[key])
 
     # -- cached pieces ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
+from sbs_widget.dtypes import onnx_itemsize
 from sbs_widget.load.lean_onnx import encode_varint, read_varint
 from sbs_widget.load.onnx_index import OnnxIndex
 
@@ -61,30 +62,45 @@ def plan_segments(n_nodes: int, cuts: set[int], node_bytes: list[int], budget: i
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-# Half-precision weights per segment, as a share of all the weights: onnxruntime's CPU kernels lack
-# most float16 / bfloat16 ops, so it casts their inputs to float32 where they are read, weights fed as
-# inputs included, and its sequential executor runs the casts of a segment's weights early: a segment
-# then holds a float32 copy of every weight it reads (measured on a 0.6 GB float16 LLaMA: +0.54 GB in
-# a segment reading 448 MB; with segments reading 1/8 of the weights, +0.1 GB).
-HALF_WEIGHTS_SHARE = 8
+# Weights read per segment, as a share of all the weights, where a segment's weights cost memory
+# while it runs:
+# - half precision: onnxruntime's CPU kernels lack most float16 / bfloat16 ops, so it casts their inputs
+#   to float32 where they are read, weights fed as inputs included, and its sequential executor runs
+#   the casts of a segment's weights early: a segment then holds a float32 copy of every weight it
+#   reads (measured on a 0.6 GB float16 LLaMA: +0.54 GB in a segment reading 448 MB; with segments
+#   reading 1/8 of the weights, +0.1 GB);
+# - weights mapped from their file (load/mapped_weights.py): a segment holds the pages of the weights
+#   it reads until it is done (on a 1.2 GB float32 LLaMA cut in 2 segments: 1.03 GB resident at once).
+# Half precision keeps its own rule (cutting it elsewhere changes its records: a value handed back is
+# rounded to float16); float32 values are handed back as they are, so its records do not move.
+WEIGHTS_SHARE = 8
 _HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
-def half_weights_budget(index: OnnxIndex) -> tuple[list[int], int] | None:
-    """(bytes of float16 / bfloat16 weights each node reads, the budget per segment), or None when
-    the model has no big half-precision weights (float32 kernels read weights in place)."""
+def weights_budget(index: OnnxIndex, mapped: bool = False) -> tuple[list[int], int] | None:
+    """(bytes of weights each node reads, the budget per segment), or None when a segment's weights
+    cost nothing more than the weights themselves: half-precision weights count their float32 copies;
+    ``mapped``, with no big half-precision weights, every weight counts its own bytes."""
+    half = _weight_reads(index, lambda t, n: 2 * n if t.data_type in _HALF else 0)
+    if half is None and mapped:
+        half = _weight_reads(index, lambda t, n: n * onnx_itemsize(t.data_type))
+    if half is None:
+        return None
+    per_node, total = half
+    return per_node, max(total // WEIGHTS_SHARE, 1 << 20)
+
+
+def _weight_reads(index: OnnxIndex, cost) -> tuple[list[int], int] | None:
     per_node, total = [], 0
     for inputs in index.node_inputs:
         n = 0
         for x in inputs:
             t = index.initializers.get(x)
-            if t is not None and t.data_type in _HALF and index.initializer_numel(x) > SMALL_INITIALIZER:
-                n += 2 * index.initializer_numel(x)
+            if t is not None and index.initializer_numel(x) > SMALL_INITIALIZER:
+                n += cost(t, index.initializer_numel(x))
         per_node.append(n)
         total += n
-    if not total:
-        return None
-    return per_node, max(total // HALF_WEIGHTS_SHARE, 1 << 20)
+    return (per_node, total) if total else None
 
 
 def describe_segment(index: OnnxIndex, start: int, end: int, wanted: set[str],

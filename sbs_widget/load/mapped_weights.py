@@ -103,6 +103,8 @@ def _stored_sizes(path: str) -> dict[str, int]:
 
 def _wanted(path: str) -> bool:
     setting = os.environ.get(MAP_ENV, "")
+    if not hasattr(mmap, "MADV_DONTNEED"):  # (Windows: no way to hand pages back, so no gain)
+        return False
     if setting in ("0", "1"):
         return setting == "1"
     return os.path.getsize(path) >= MAP_FROM_BYTES
