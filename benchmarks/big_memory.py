@@ -181,10 +181,12 @@ def _child(argv: list[str], env: dict, timeout: int, limit: int | None = None) -
 
 
 def _records(path: str) -> list[tuple]:
+    """The records of a CSV, every field but times, sorted: a run cut in other segments yields the
+    records of constants folded by the exporter at other places (each with its segment)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     keep = [k for k in (rows[0] if rows else {}) if "time" not in k]
-    return [tuple(r[k] for k in keep) for r in rows]
+    return sorted(tuple(r[k] for k in keep) for r in rows)
 
 
 def measure(name: str, folder: str, timeout: int, repeat: int, what=("cli", "run_aligned"),
