@@ -19,7 +19,7 @@ same records (status and figures).
     python benchmarks/big_memory.py measure --models llama_1g --what cli --limit 1.3   # in a memory cgroup
 
 ``--limit X`` runs each child in a memory cgroup limited to X times the weights, page cache included
-(root; a child the kernel kills for want of memory exits 137).
+(root; a child the kernel kills for want of memory reports rc -9).
 
 Every child runs under ``timeout``; the models stay in /tmp (``--folder``).
 """
@@ -160,7 +160,7 @@ class MemoryLimit:
 
 def _child(argv: list[str], env: dict, timeout: int, limit: int | None = None) -> tuple[float, int, int]:
     """(seconds, peak RSS in bytes, exit code) of one fresh process; ``limit``: bytes it may use, page
-    cache included (a memory cgroup; exit code 137 when the kernel killed it for want of memory)."""
+    cache included (a memory cgroup; exit code -9 when the kernel killed it for want of memory)."""
     cgroup = MemoryLimit(limit) if limit else None
     start = time.perf_counter()
     proc = subprocess.Popen(["timeout", str(timeout), sys.executable, *argv], env=env,
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
                          "reader, the weights held in memory; after: the lean reader, a big .pt2's weights "
                          "mapped and read as needed (today's default)")
     ap.add_argument("--limit", type=float, help="run each child in a memory cgroup limited to this many times "
-                                                "the weights, page cache included (root; exit 137: killed)")
+                                                "the weights, page cache included (root; rc -9: killed)")
     args = ap.parse_args(argv)
     for name in args.models:
         if args.step == "build":
