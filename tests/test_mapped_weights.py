@@ -2,7 +2,7 @@
 is forced on (``SBS_WIDGET_MAP_WEIGHTS=1``) so the suite's small programs go the way a LLaMA's do
 (benchmarks/big_memory.py measures the big ones). The records are those of the program held in memory,
 a fault is still found, the pages read are handed back, and a file changed under a live program is
-refused rather than read."""
+refused rather than read (one deleted or replaced under its name is still the file mapped)."""
 
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def test_a_file_changed_under_a_live_program_is_refused_and_a_new_call_loads_it_
     prepared = entry.prepare(copy, onx)
     first = [r.status for r in prepared.run(args)]
     stat = os.stat(copy)
-    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten (same bytes)
-    with pytest.raises(LoadError, match="changed on disk after it was loaded"):
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # written to (same bytes)
+    with pytest.raises(LoadError, match="was written to after it was loaded"):
         list(prepared.run(args))
     again = entry.prepare(copy, onx)  # same bytes, so the same cache key: prepared again all the same
     assert again is not prepared and again.weight_files[0].unchanged()
@@ -140,3 +140,21 @@ def test_small_files_are_held_in_memory_unless_asked(saved, monkeypatch):
     entry._PREPARED.clear()
     prepared = entry.prepare(pt2, onx)
     assert weight_files(prepared.decomposed_ep.state_dict.values()) == prepared.weight_files != []
+
+
+def test_a_file_deleted_or_replaced_under_its_name_still_runs(saved, tmp_path, monkeypatch):
+    """The file mapped stays while its program lives: deleting it, or saving another under its name
+    (a new file, as a copy or a rename makes), changes nothing for the program loaded."""
+    pt2, onx, args = saved
+    monkeypatch.setenv(MAP_ENV, "1")
+    copy = os.fspath(tmp_path / "gone.pt2")
+    with open(pt2, "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    prepared = entry.prepare(copy, onx)
+    first = [(r.status, r.err_abs) for r in prepared.run(args)]
+    os.remove(copy)
+    assert [(r.status, r.err_abs) for r in prepared.run(args)] == first
+    with open(copy + ".new", "wb") as dst:
+        dst.write(b"another file")
+    os.replace(copy + ".new", copy)
+    assert [(r.status, r.err_abs) for r in prepared.run(args)] == first

@@ -8,9 +8,9 @@ and the lockstep run hands the pages of the weights it has read back after each 
 later read maps them again. A run then holds about one segment's weights at a time, not all of them.
 
 Only for big archives (``MAP_FROM_BYTES``; ``SBS_WIDGET_MAP_WEIGHTS=1`` always, ``=0`` never): a
-mapped file must not change while its program lives. A run checks first that it has not
-(``check_unchanged``); a file truncated *during* a run ends the process (SIGBUS), as with any
-mapped file.
+mapped file must not be written to while its program lives (deleted, or replaced under its name, is
+fine: the file mapped stays). A run checks first that it was not (``check_unchanged``); a file
+truncated *during* a run ends the process (SIGBUS), as with any mapped file.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class WeightFile(mmap.mmap):
     """A read-only map of one ``.pt2`` archive; the tensors viewing its records keep it alive."""
 
     path: str
+    fd: int  # the file mapped, open while the map lives (unchanged)
     identity: tuple
     base: int
     stored: dict[str, int]  # record name (below the archive's folder) -> size, for records stored uncompressed
@@ -49,15 +50,18 @@ class WeightFile(mmap.mmap):
         self.madvise(mmap.MADV_DONTNEED)
 
     def unchanged(self) -> bool:
+        """Whether the mapped file was left as it was loaded. Checked on the file mapped (its own
+        descriptor), not on the path: a file deleted, or replaced by another under its name, is still
+        the one mapped; only one written in place (``torch.export.save`` to the same path) is not."""
         try:
-            return _identity(os.stat(self.path)) == self.identity
+            return _identity(os.fstat(self.fd)) == self.identity
         except OSError:
             return False
 
     def check_unchanged(self) -> None:
         if not self.unchanged():
             raise LoadError(
-                f"the .pt2 file {self.path!r} changed on disk after it was loaded; its weights are read from the "
+                f"the .pt2 file {self.path!r} was written to after it was loaded; its weights are read from the "
                 "file as the comparison needs them, so load it again (or set SBS_WIDGET_MAP_WEIGHTS=0 to hold "
                 "the weights of big programs in memory instead)")
 
@@ -87,7 +91,7 @@ class PagesRead:
 
 
 def _identity(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_size, st.st_mtime_ns)  # (not ctime: deleting the file changes it, not the bytes)
 
 
 def _stored_sizes(path: str) -> dict[str, int]:
@@ -117,7 +121,9 @@ def _open(path: str) -> WeightFile | None:
         except (OSError, ValueError):  # an empty file, or one that cannot be mapped: read as torch does
             return None
         mapped.path = path
-        mapped.identity = _identity(os.fstat(f.fileno()))
+        mapped.fd = os.dup(f.fileno())
+        weakref.finalize(mapped, os.close, mapped.fd)
+        mapped.identity = _identity(os.fstat(mapped.fd))
     mapped.stored = _stored_sizes(path)
     mapped.base = mapped.view(0, 1, torch.uint8).data_ptr()
     _FILES.add(mapped)
