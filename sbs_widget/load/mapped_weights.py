@@ -172,8 +172,10 @@ def mapped_records(path: str):
 
 
 def _mapped_record(mapped: WeightFile, reader, record: str, tensor_meta) -> torch.Tensor | None:
-    from torch._export.serde.serialize import deserialize_device, deserialize_scalar_type
-
+    try:
+        from torch._export.serde.serialize import deserialize_device, deserialize_scalar_type
+    except ImportError:  # another torch: its own reading
+        return None
     dtype = deserialize_scalar_type(tensor_meta.dtype)
     if deserialize_device(tensor_meta.device) != torch.device("cpu"):
         return None
@@ -182,7 +184,7 @@ def _mapped_record(mapped: WeightFile, reader, record: str, tensor_meta) -> torc
         offset = reader.get_record_offset(record)
     except RuntimeError:
         return None
-    size = torch._utils._element_size(dtype)
+    size = torch.empty((), dtype=dtype).element_size()
     if nbytes == 0 or nbytes % size or offset % size or offset + nbytes > len(mapped):
         return None
     if mapped.stored.get(record) != nbytes:  # compressed, or not where the zip directory says
