@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 
 import numpy as np
 import onnx
@@ -117,9 +118,7 @@ def test_the_pages_read_are_handed_back(saved, monkeypatch):
 def test_a_file_changed_under_a_live_program_is_refused_and_a_new_call_loads_it_again(saved, tmp_path, monkeypatch):
     pt2, onx, args = saved
     monkeypatch.setenv(MAP_ENV, "1")
-    copy = os.fspath(tmp_path / "copy.pt2")
-    with open(pt2, "rb") as src, open(copy, "wb") as dst:
-        dst.write(src.read())
+    copy = shutil.copyfile(pt2, os.fspath(tmp_path / "copy.pt2"))
     prepared = entry.prepare(copy, onx)
     first = [r.status for r in prepared.run(args)]
     stat = os.stat(copy)
@@ -147,9 +146,7 @@ def test_a_file_deleted_or_replaced_under_its_name_still_runs(saved, tmp_path, m
     (a new file, as a copy or a rename makes), changes nothing for the program loaded."""
     pt2, onx, args = saved
     monkeypatch.setenv(MAP_ENV, "1")
-    copy = os.fspath(tmp_path / "gone.pt2")
-    with open(pt2, "rb") as src, open(copy, "wb") as dst:
-        dst.write(src.read())
+    copy = shutil.copyfile(pt2, os.fspath(tmp_path / "gone.pt2"))
     prepared = entry.prepare(copy, onx)
     first = [(r.status, r.err_abs) for r in prepared.run(args)]
     os.remove(copy)

@@ -188,6 +188,18 @@ def on_inputs_device(program: torch.export.ExportedProgram, flat: list) -> tuple
 _CPU = torch.device("cpu")
 
 
+def weight_reads(program: torch.export.ExportedProgram) -> dict[int, int]:
+    """Position of each node of ``program.graph`` that reads weights -> the bytes of weights it reads
+    (from the placeholders' example values)."""
+    weights = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
+    reads: dict[int, int] = {}
+    for i, node in enumerate(program.graph.nodes):
+        read = sum(_fake_nbytes(m.meta.get("val")) for m in node.all_input_nodes if m.name in weights)
+        if read:
+            reads[i] = read
+    return reads
+
+
 def _fake_nbytes(value) -> int:
     return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
@@ -218,15 +230,8 @@ class FxRunner:
         """Weights mapped from their file (``files``, load/mapped_weights.py): hand their pages back
         every ``RELEASE_EVERY`` bytes of weights the nodes read, not only after each segment (a
         segment may read most of a model's weights)."""
-        if not files:
-            return
-        weights = {s.arg.name for s in self.program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
-        reads: dict[int, int] = {}
-        for i, node in enumerate(self.nodes):
-            read = sum(_fake_nbytes(m.meta.get("val")) for m in node.all_input_nodes if m.name in weights)
-            if read:
-                reads[i] = read
-        self.pages = (reads, PagesRead(files))
+        if files:
+            self.pages = (weight_reads(self.program), PagesRead(files))
 
     def feed(self, flat: list) -> None:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]

@@ -17,6 +17,7 @@ import operator
 import torch
 from torch.fx.node import map_aggregate
 
+from sbs_widget.engine.fx_runner import weight_reads
 from sbs_widget.load.mapped_weights import PagesRead
 
 REFERENCE_DTYPE = torch.float64
@@ -119,10 +120,6 @@ def reference_of(node: torch.fx.Node, env: dict, stop: frozenset[str] = frozense
 SMALL = 1 << 16  # elements: below this, torch's thread pool costs more than it saves
 
 
-def _nbytes(value) -> int:
-    return value.nbytes if isinstance(value, torch.Tensor) else 0
-
-
 def _numel(value) -> int:
     return value.numel() if isinstance(value, torch.Tensor) else SMALL
 
@@ -166,8 +163,9 @@ class ProgramShadow:
     def __init__(self, program: torch.export.ExportedProgram, flat: list, last_use: dict[str, int],
                  weight_files=()):
         self._nodes = list(program.graph.nodes)
-        self._weights = {s.arg.name for s in program.graph_signature.input_specs if s.kind.name != "USER_INPUT"}
-        self._read = PagesRead(weight_files)  # a big .pt2's weights: their pages handed back as it goes
+        # a big .pt2's weights: their pages handed back as it goes (load/mapped_weights.py)
+        self._reads = weight_reads(program) if weight_files else {}
+        self._pages = PagesRead(weight_files)
         self._flat = iter(flat)
         self._last_use = last_use
         self._values: dict[str, object] = {}
@@ -194,9 +192,8 @@ class ProgramShadow:
                         single = small
                         torch.set_num_threads(1 if single else threads)
                     self._values[n.name] = _call(n, self._values)
-                    if self._read.files:
-                        self._read.add(sum(_nbytes(self._values.get(m.name)) for m in n.all_input_nodes
-                                           if m.name in self._weights))
+                    if position in self._reads:
+                        self._pages.add(self._reads[position])
                 elif n.op == "get_attr":
                     raise NoReference("the program reads attributes (get_attr): no whole-program reference")
                 self.position = position + 1
