@@ -13,7 +13,13 @@ from the archive in these places (torch 2.13), each refused here before torch op
   torch's symbolic-size functions are accepted;
 - guards: ``guards_code`` is Python source that turning the program into a module ``exec``s; the
   loader drops it after loading (``drop_guards``): sbs_widget checks input shapes itself;
+- call specs: torch's pytree reader imports the modules a spec names (a defaultdict's factory, an
+  enum): each spec is read first by ``call_specs`` against an allow-list of container types;
 - the older archive layout, read by another code path: refused, with how to re-save it.
+Bounds before work: a regular file only (a FIFO blocks), members stored uncompressed (``plain_files``:
+a deflated one inflates to gigabytes), JSON bounded in bytes and in values, expressions in nesting,
+precision and pairwise-compared arguments (sympy's Max of hundreds takes minutes), weights on a real
+device. The operators a loaded program may call are checked by ``operators``.
 A refused file raises ``LoadError`` naming the archive member and why.
 """
 
@@ -27,6 +33,8 @@ import zipfile
 import torch
 
 from sbs_widget.errors import LoadError
+from sbs_widget.load.call_specs import check_call_specs
+from sbs_widget.load.plain_files import check_regular_file, check_stored
 
 # Members of the archive, relative to its root folder; anything else is refused.
 _ALLOWED = re.compile(
@@ -69,6 +77,21 @@ _ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, 
 MAX_EXPRESSION = 20_000  # characters: torch's own are tens to hundreds
 MAX_INTEGER = 2**64  # sizes are int64
 MAX_EXPONENTS = 256  # product of the literal exponents: 2**10**12 would never end
+MAX_DEPTH = 32  # calls within calls: torch's own nest a few levels
+MAX_PRECISION = 128  # bits of a Float: torch writes 53; sympy builds 30,000,000 for minutes
+MAX_DIGITS = 64  # characters of a Float's digits
+# sympy compares the arguments of these pairwise (and flattens nested ones into one call): Max of 64
+# symbols takes seconds, of 256 a minute. torch's own take two or three.
+_PAIRWISE = frozenset({"Max", "Min", "And", "Or", "Xor", "Piecewise", "ITE"})
+MAX_PAIRWISE = 16  # their arguments in one expression
+PAIRWISE_BUDGET = 32_768  # sum over a file's expressions of (their arguments)^2: a few seconds at most
+
+
+class ExpressionBudget:
+    """What a file's expressions may cost sympy, all together (one per archive checked)."""
+
+    def __init__(self):
+        self.pairwise = 0
 
 
 def _exponent(node) -> int | None:
@@ -83,8 +106,21 @@ def _exponent(node) -> int | None:
     return None
 
 
-def check_expression(text, where: str) -> None:
-    """Raise unless ``text`` is a symbolic size of the strict grammar above."""
+def _depth(tree) -> int:
+    """How deeply calls and operators nest in ``tree`` (iteratively: the tree comes from the file)."""
+    deepest, stack = 0, [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:
+            stack.extend((child, depth + isinstance(node, (ast.Call, ast.BinOp, ast.UnaryOp)))
+                         for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def check_expression(text, where: str, budget: ExpressionBudget | None = None) -> None:
+    """Raise unless ``text`` is a symbolic size of the strict grammar above, and cheap to build:
+    bounded nesting, precision and pairwise-compared arguments (``budget`` sums those over a file)."""
     def bad(why: str) -> LoadError:
         return refuse(where, f"the symbolic expression {text[:80]!r} {why}")
 
@@ -96,13 +132,20 @@ def check_expression(text, where: str) -> None:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise bad("is not an expression of symbols and arithmetic") from None
-    exponents = 1
+    if _depth(tree) > MAX_DEPTH:
+        raise bad(f"nests calls deeper than {MAX_DEPTH} levels")
+    exponents, pairwise = 1, 0
     for node in ast.walk(tree):
         if not isinstance(node, _ARITHMETIC) or isinstance(node, (ast.MatMult,)):
             raise bad(f"holds {type(node).__name__}: only symbols, numbers and arithmetic are read")
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
                 raise bad("calls something other than a sympy function by name")
+            if node.func.id in _PAIRWISE:
+                pairwise += len(node.args)
+                if pairwise > MAX_PAIRWISE:
+                    raise bad(f"gives {node.func.id} and the like more than {MAX_PAIRWISE} arguments (sympy "
+                              "compares them pairwise: minutes for a few hundred)")
             if node.func.id in _POWERS:
                 power = _exponent(node.args[1]) if len(node.args) == 2 else None
                 if power is None or abs(power) > 64:
@@ -115,16 +158,26 @@ def check_expression(text, where: str) -> None:
             exponents *= max(abs(power), 1)
         elif isinstance(node, ast.keyword) and node.arg not in _KEYWORDS:
             raise bad(f"passes {node.arg!r}, not a symbol assumption")
+        elif isinstance(node, ast.keyword) and node.arg == "precision" and not (
+                isinstance(node.value, ast.Constant) and type(node.value.value) is int
+                and 0 < node.value.value <= MAX_PRECISION):
+            raise bad(f"asks for a precision that is not an integer of 1 to {MAX_PRECISION} bits")
         elif isinstance(node, ast.Name) and not (node.id in _FUNCTIONS or _SYMBOL.fullmatch(node.id)):
             raise bad(f"names {node.id!r}: not a size symbol nor a sympy function")
         elif isinstance(node, ast.Constant):
             v = node.value
-            if isinstance(v, str) and not _STRING.fullmatch(v):
-                raise bad(f"holds the string {v[:40]!r}: not a symbol name nor a number")
+            if isinstance(v, str) and (len(v) > MAX_DIGITS or not _STRING.fullmatch(v)):
+                raise bad(f"holds the string {v[:40]!r}: not a symbol name nor a number of at most "
+                          f"{MAX_DIGITS} characters")
             if not isinstance(v, (str, int, float, bool)) or (type(v) is int and abs(v) > MAX_INTEGER):
                 raise bad(f"holds the constant {str(v)[:40]}: not a size")
         if exponents > MAX_EXPONENTS:
             raise bad("raises to powers whose product exceeds 256")
+    if budget is not None and pairwise > 2:
+        budget.pairwise += pairwise * pairwise
+        if budget.pairwise > PAIRWISE_BUDGET:
+            raise bad(f"brings the file's Max/Min-like arguments over what sympy builds in seconds "
+                      f"(sum of squares {budget.pairwise} > {PAIRWISE_BUDGET})")
 
 
 # Call targets torch's reader resolves without an operator table: the symbolic-size functions.
@@ -180,6 +233,7 @@ def check_target(target, where: str) -> None:
 def _walk_program(obj, where: str) -> None:
     """Check every expression, call target and operator argument of a serialized program (nested
     graphs included), iteratively: a crafted file may nest deeper than Python's recursion limit."""
+    budget = ExpressionBudget()
     stack = [(obj, where)]
     while stack:
         value, at = stack.pop()
@@ -187,7 +241,7 @@ def _walk_program(obj, where: str) -> None:
             if "target" in value and "inputs" in value:  # a node
                 check_target(value["target"], f"{at} (node {str(value.get('name'))[:80]!r})")
             if "expr_str" in value:
-                check_expression(value["expr_str"], at)
+                check_expression(value["expr_str"], at, budget)
             if "as_operator" in value and value["as_operator"] is not None:
                 check_target(value["as_operator"], at)
             stack.extend((v, at) for k, v in value.items() if k != "metadata")
@@ -205,6 +259,7 @@ def _check_program(data: bytes, member: str) -> None:
     for key in (program.get("range_constraints") or {}):
         if not isinstance(key, str) or not _SYMBOL.fullmatch(key):
             raise refuse(member, f"a range constraint on {str(key)[:80]!r}, which is not a size symbol")
+    check_call_specs(program, member)  # before anything else reads them: torch's reader imports by name
     _walk_program(program, member)
 
 
@@ -253,8 +308,11 @@ def _check_payloads(data: bytes, member: str, folder: str, records: dict[str, in
         if not isinstance(tensor, dict):
             raise refuse(where, "a tensor without its tensor_meta")
         device = (tensor.get("device") or {}).get("type")
-        if device not in ("cpu", "cuda", "meta"):
-            raise refuse(where, f"a tensor on device {str(device)[:40]!r}: only cpu, cuda and meta are read")
+        if device == "meta":
+            raise refuse(where, "a tensor on the meta device: it has a shape but no values to run; export the "
+                                "model with its weights loaded (not on meta) and save it again")
+        if device not in ("cpu", "cuda"):
+            raise refuse(where, f"a tensor on device {str(device)[:40]!r}: only cpu and cuda are read")
         if device == "cuda" and not torch.cuda.is_available():
             raise refuse(where, "a tensor saved on cuda, and this process has no CUDA device; load the "
                                 "program where CUDA is, move it to the CPU (ep.module().cpu()...) and save it again")
@@ -275,7 +333,16 @@ def _dtype(code) -> torch.dtype:
     return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
 
 
-MAX_JSON_BYTES = 1 << 30  # a program's description: hundreds of MB for the largest; more is a zip bomb
+MAX_JSON_BYTES = 1 << 30  # a program's description: hundreds of MB for the largest
+# Parsed JSON costs ~100 bytes of Python objects an element: ``[0,0,...]`` would turn a 1 GB member into
+# 50 GB. Counted before parsing (an upper bound: a comma or bracket inside a string counts too); real
+# programs spend 15 bytes or more an element.
+MAX_JSON_ELEMENTS = 20_000_000
+
+
+def json_elements(data: bytes) -> int:
+    """An upper bound on the values a JSON text holds, counted without parsing it."""
+    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
 
 
 def _members(path: str) -> tuple[str, dict[str, int], object]:
@@ -291,6 +358,7 @@ def _members(path: str) -> tuple[str, dict[str, int], object]:
     except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as e:
         raise LoadError(f"cannot load ExportedProgram {path!r}: not a .pt2 archive ({str(e).splitlines()[0][:200]}); "
                         "is it a file written by torch.export.save, and complete?") from None
+    check_stored(infos, path, "the .pt2 archive")
     roots = {i.filename.split("/", 1)[0] for i in infos}
     if len(roots) != 1 or any("/" not in i.filename for i in infos):
         raise refuse(path, "its members do not share one root folder, as torch.export.save writes them")
@@ -307,6 +375,7 @@ def check_pt2(path: str) -> None:
     """Raise ``LoadError`` unless the ``.pt2`` at ``path`` holds data torch reads without running
     code of the file's (see the module docstring). Members are read with torch's own reader: the
     bytes checked are the bytes torch will load."""
+    check_regular_file(path, "ExportedProgram file")  # a FIFO would block the first read
     root, records, reader = _members(path)
     if "archive_format" not in records:
         legacy = "serialized_exported_program.json" in records
@@ -317,17 +386,23 @@ def check_pt2(path: str) -> None:
             why = next((w for prefix, w in _WHY_REFUSED.items() if name.startswith(prefix)),
                        "a member torch.export.save does not write")
             raise refuse(root + name, why)
+    elements = 0
     for name, size in records.items():
         if not name.endswith(".json"):
             continue
         if size > MAX_JSON_BYTES:
             raise refuse(root + name, f"{size} bytes of JSON, more than any exported program describes")
+        data = reader.get_record(name)
+        elements += json_elements(data)
+        if elements > MAX_JSON_ELEMENTS:
+            raise refuse(root + name, f"JSON of more than {MAX_JSON_ELEMENTS} values (parsed, they would take "
+                                      "gigabytes), more than any exported program describes")
         if name.startswith("models/"):
-            _check_program(reader.get_record(name), root + name)
+            _check_program(data, root + name)
         elif name.endswith("_weights_config.json"):
-            _check_payloads(reader.get_record(name), root + name, "data/weights/", records, True)
+            _check_payloads(data, root + name, "data/weights/", records, True)
         elif name.endswith("_constants_config.json"):
-            _check_payloads(reader.get_record(name), root + name, "data/constants/", records, False)
+            _check_payloads(data, root + name, "data/constants/", records, False)
 
 
 def drop_guards(program) -> None:

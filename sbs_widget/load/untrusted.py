@@ -47,15 +47,20 @@ def refused_global(error_text: str) -> str | None:
 
 def register_transformers_type(serialized_name: str) -> bool:
     """Register transformers' class ``serialized_name`` (``module:Class``) as a pytree node, the way
-    transformers' own exporter does; False when it is not a transformers class or cannot be."""
+    transformers' own exporter does; False when it is not a transformers cache or model output (the
+    only types an export's inputs and outputs hold), or cannot be."""
     module, _, qualname = serialized_name.partition(":")
     if not _TRANSFORMERS_MODULES.fullmatch(module) or not qualname.isidentifier():
         return False  # the name comes from the file: import nothing else
     try:
         cls = getattr(importlib.import_module(module), qualname)
+        from transformers.cache_utils import Cache
         from transformers.exporters.exporter_dynamo import register_pytree_node
+        from transformers.utils import ModelOutput
     except (ImportError, AttributeError):
         return False
+    if not (isinstance(cls, type) and issubclass(cls, (Cache, ModelOutput))):
+        return False  # a model class, say: registering it would change pytree for the whole process
     register_pytree_node(cls)
     return True
 
