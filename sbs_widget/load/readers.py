@@ -24,6 +24,7 @@ import torch
 from sbs_widget.errors import InputError, LoadError, ModelMismatchError
 from sbs_widget.load.lean_onnx import InitializerFile, Malformed, read_lean
 from sbs_widget.load.onnx_checks import check_model
+from sbs_widget.load.plain_files import check_regular_file, check_zip_stored
 from sbs_widget.load.pt2_checks import check_pt2, drop_guards
 from sbs_widget.load.untrusted import (
     load_data,
@@ -139,8 +140,8 @@ def load_inputs(args, kwargs) -> tuple[tuple, dict]:
     """
     if isinstance(args, (str, os.PathLike)):
         path = os.fspath(args)
-        if not os.path.exists(path):
-            raise LoadError(f"inputs file not found: {path!r}")
+        check_regular_file(path, "inputs file")  # a FIFO would block the first read
+        check_zip_stored(path, "the inputs file")  # a deflated member may inflate to gigabytes
         try:  # data only (transformers' KV caches allowed): any other class is refused
             data = load_data(path, map_location="cpu")
         except Exception as e:
