@@ -184,7 +184,7 @@ def test_json_of_many_values_is_refused_before_parsing(saved, tmp_path):
         return data
 
     path = edit(pt2, tmp_path / "many.pt2", change)
-    _refused(path, onx, x, "more than 20000000 values")
+    _refused(path, onx, x, "more than 10000000 values")
 
 
 @pytest.mark.parametrize("text, words", [

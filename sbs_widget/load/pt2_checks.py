@@ -333,11 +333,11 @@ def _dtype(code) -> torch.dtype:
     return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
 
 
-MAX_JSON_BYTES = 1 << 30  # a program's description: hundreds of MB for the largest
-# Parsed JSON costs ~100 bytes of Python objects an element: ``[0,0,...]`` would turn a 1 GB member into
-# 50 GB. Counted before parsing (an upper bound: a comma or bracket inside a string counts too); real
-# programs spend 15 bytes or more an element.
-MAX_JSON_ELEMENTS = 20_000_000
+MAX_JSON_BYTES = 1 << 30  # a program's description: an 8-layer LLaMA's is 1.2 MB
+# Parsed JSON costs ~100 bytes of Python objects a value (more in torch's reader): ``[0,0,...]`` would
+# turn a 1 GB member into 50 GB. Counted before parsing (an upper bound: a comma or bracket inside a
+# string counts too). Real programs spend 64 values (26 bytes each) a node.
+MAX_JSON_ELEMENTS = 10_000_000  # 150,000 nodes (an 8-layer LLaMA has 711)
 
 
 def json_elements(data: bytes) -> int:
