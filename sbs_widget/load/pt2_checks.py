@@ -77,7 +77,7 @@ _ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, 
 MAX_EXPRESSION = 20_000  # characters: torch's own are tens to hundreds
 MAX_INTEGER = 2**64  # sizes are int64
 MAX_EXPONENTS = 256  # product of the literal exponents: 2**10**12 would never end
-MAX_DEPTH = 32  # calls within calls: torch's own nest a few levels
+MAX_DEPTH = 64  # calls and operators within each other: torch writes srepr, a few levels deep
 MAX_PRECISION = 128  # bits of a Float: torch writes 53; sympy builds 30,000,000 for minutes
 MAX_DIGITS = 64  # characters of a Float's digits
 # sympy compares the arguments of these pairwise (and flattens nested ones into one call): Max of 64
@@ -85,6 +85,8 @@ MAX_DIGITS = 64  # characters of a Float's digits
 _PAIRWISE = frozenset({"Max", "Min", "And", "Or", "Xor", "Piecewise", "ITE"})
 MAX_PAIRWISE = 16  # their arguments in one expression
 PAIRWISE_BUDGET = 32_768  # sum over a file's expressions of (their arguments)^2: a few seconds at most
+# sympy parses ~0.5 MB of srepr a second; a 2-layer LLaMA with dynamic shapes writes 28 KB of expressions
+EXPRESSIONS_BUDGET = 16 << 20
 
 
 class ExpressionBudget:
@@ -92,6 +94,7 @@ class ExpressionBudget:
 
     def __init__(self):
         self.pairwise = 0
+        self.chars = 0
 
 
 def _exponent(node) -> int | None:
@@ -173,6 +176,11 @@ def check_expression(text, where: str, budget: ExpressionBudget | None = None) -
                 raise bad(f"holds the constant {str(v)[:40]}: not a size")
         if exponents > MAX_EXPONENTS:
             raise bad("raises to powers whose product exceeds 256")
+    if budget is not None:
+        budget.chars += len(text)
+        if budget.chars > EXPRESSIONS_BUDGET:
+            raise bad(f"brings the file's symbolic expressions over {EXPRESSIONS_BUDGET} characters, more than "
+                      "any exported program writes (sympy would parse them for a minute or more)")
     if budget is not None and pairwise > 2:
         budget.pairwise += pairwise * pairwise
         if budget.pairwise > PAIRWISE_BUDGET:
