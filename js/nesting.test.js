@@ -140,16 +140,13 @@ test("nestIndex stays linear: 60,000 rows, a third inner", () => {
     rows.push({ i: rows.length, kind: "inner", inner_of: `n${p}`, ep_name: `n${p}::b`, err_abs: p * 1e-9, status: p % 7 ? "ok" : "mismatch" });
     rows.push({ i: rows.length, kind: "node", ep_name: `n${p}`, err_abs: p * 1e-8, status: "ok" });
   }
-  const t0 = performance.now();
   const n = nestOf(rows);
   const sorter = new SortCache();
   const idx = nestIndex(rows, filterIndex(rows, {}, {}), n, { sort: (l) => sorter.sort(l, rows, "err_abs", -1) });
-  const ms = performance.now() - t0;
   assert.equal(idx.screen.length, 20000);
   assert.equal(idx.flat.length, 60000);
   assert.equal(idx.screen[0], 59999 - 0 * 3);
-  assert.ok(ms < 1000, `${ms} ms`);
-  console.log(`nesting 60,000 rows + sort: ${ms.toFixed(1)} ms`);
+  // (its time is measured by benchmarks/js_table_timing.mjs, not asserted: a busy machine would fail it)
 });
 
 // --- the table in jsdom ------------------------------------------------------------------------

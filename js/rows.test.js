@@ -78,20 +78,15 @@ test("colorFor: one absolute log scale, green to red, NaN the worst, errors purp
   assert.equal(fmtErr(0.000123), "1.23e-4");
 });
 
-test("sorting and filtering 50,000 rows stays well under 200 ms", () => {
+test("sorting and filtering 50,000 rows: every match kept, orders right (timings: benchmarks/js_table_timing.mjs)", () => {
   const rows = Array.from({ length: 50000 }, (_, k) => ({ i: k, ep_name: `node_${k}`, onnx_op_type: "Add", module: `m${k % 50}`, err_abs: ((k * 7919) % 100003) * 1e-9, status: "ok" }));
-  let t = performance.now();
   const idx = filterIndex(rows, { text: "node_1" }, {});
-  const filterMs = performance.now() - t;
-  t = performance.now();
-  sortIndex(Uint32Array.from(rows.keys()), rows, "err_abs", -1);
-  const sortMs = performance.now() - t;
-  t = performance.now();
-  sortIndex(Uint32Array.from(rows.keys()), rows, "ep_name", 1);
-  const sortNameMs = performance.now() - t;
-  console.log(`50,000 rows (node): filter ${filterMs.toFixed(1)} ms, sort err_abs ${sortMs.toFixed(1)} ms, sort name ${sortNameMs.toFixed(1)} ms`);
-  assert.ok(idx.length > 10000);
-  assert.ok(filterMs < 200 && sortMs < 200 && sortNameMs < 200);
+  assert.equal(idx.length, rows.filter((r) => r.ep_name.includes("node_1")).length);
+  const byErr = sortIndex(Uint32Array.from(rows.keys()), rows, "err_abs", -1);
+  for (let k = 1; k < byErr.length; k++) assert.ok(rows[byErr[k - 1]].err_abs >= rows[byErr[k]].err_abs);
+  const byName = sortIndex(Uint32Array.from(rows.keys()), rows, "ep_name", 1);
+  assert.equal(byName.length, 50000);
+  assert.equal(rows[byName[0]].ep_name, "node_0");
 });
 
 test("SortCache gives the same order as sortIndex, filtered or not, and reuses it", () => {
