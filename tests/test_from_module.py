@@ -67,8 +67,9 @@ def test_an_export_that_fails_names_its_stage():
         sbs_widget.export_module(Untranslatable(), x)
     assert second.value.stage == 1 and "what to do" in str(second.value)
     w = sbs_widget.SbsWidget.from_module(DataDependent(), x)
-    with pytest.raises(sbs_widget.SbsError, match="ExportError"):
+    with pytest.raises(sbs_widget.ExportError, match="stage 1 of 2") as waited:  # the type raised, not a wrapper
         w.wait()
+    assert waited.value.stage == 0 and waited.value.__cause__ is not None
     assert w.status == "error" and "stage 1 of 2" in w.message
     with pytest.raises(sbs_widget.InputError, match="torch.nn.Module"):
         sbs_widget.export_module("not a model", x)

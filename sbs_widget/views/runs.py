@@ -44,6 +44,7 @@ class Run:
     status: str = RUNNING
     error: str = ""
     trace: str = field(default="", repr=False)  # formatted traceback when status is "error"
+    exception: BaseException | None = field(default=None, repr=False, compare=False)  # what ended it, as raised
     started: float = field(default_factory=time.time)
     elapsed: float = 0.0
     fx_done: int = 0
@@ -149,6 +150,7 @@ class Runner:
         run = self.run
         it = None
         status, error, trace = FAILED, "", ""
+        self.run.exception = None
         try:
             it = self._start(run, self._progress, self.cancel)
             for record in it:
@@ -162,10 +164,12 @@ class Runner:
         except RunCancelled as e:  # stopped, or out of time: keep what it produced, say where it ended
             status = FAILED if e.reason == TIMEOUT else STOPPED
             error = f"{type(e).__name__}: {e}" if e.reason == TIMEOUT else str(e)
+            run.exception = e
         except BaseException as e:  # KeyboardInterrupt too: the run must not be left "running"
             status = STOPPED if isinstance(e, KeyboardInterrupt) else FAILED
             error = f"{type(e).__name__}: {e}".rstrip(": ")
             trace = traceback.format_exc()
+            run.exception = e
         finally:
             if it is not None and hasattr(it, "close"):
                 try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+import time
 import warnings
 
 import anywidget
@@ -299,14 +300,21 @@ class SbsWidget(anywidget.AnyWidget):
         return self
 
     def wait(self, timeout: float | None = None) -> "SbsWidget":
-        """Block until the current run ends; re-raise its error if it failed. Returns ``self``."""
+        """Block until the current run ends, and the as-deployed check started with it or after it;
+        re-raise the run's error as it was raised (``ExportError``, ``InputError``, ``RunTimeout``...)
+        if it failed. Returns ``self``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         runner = self._runner
         if runner is not None and not runner.join(timeout):
             raise TimeoutError(f"run {runner.run.id} still running after {timeout} s")
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._deployed_check.join(left):
+            raise TimeoutError(f"the as-deployed check is still running after {timeout} s")
         if self._runs and self._runs[-1].status == FAILED:
-            from sbs_widget.errors import SbsError
-
-            raise SbsError(f"run {self._runs[-1].id} failed: {self._runs[-1].error}")
+            run = self._runs[-1]
+            if run.exception is not None:
+                raise run.exception
+            raise SbsError(f"run {run.id} failed: {run.error}")
         return self
 
     def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
