@@ -31,6 +31,18 @@ class SbsWidgetWarning(UserWarning):
     """Warnings emitted by sbs_widget (tests turn them into errors)."""
 
 
+class ProgramMismatchWarning(SbsWidgetWarning):
+    """The ONNX model's metadata says it was exported from another program than the one given (a node of
+    the same name with another target or literal argument, e.g. ``approximate='tanh'``): the differences
+    found are then the files' differences, not translation bugs. ``Prepared.program_mismatch`` and the
+    summary say it too."""
+
+
+class NothingJudgedWarning(SbsWidgetWarning):
+    """The culprit search found no culprit, yet the pairs it would judge compared no finite element
+    (NaN/Inf on both sides everywhere, e.g. all-NaN inputs): "no culprit" would mean nothing."""
+
+
 class RunCancelled(SbsError):
     """A run ended before its end: stopped (``SbsWidget.stop()``), interrupted (Ctrl-C) or out of time.
     The records yielded before it are kept by whoever consumed them."""

@@ -38,6 +38,9 @@ class Record:
     - ``err_rel``: max |torch - onnx| / max(|torch|, 1e-6), element-wise
     - ``err_dev``: root mean square of torch - onnx
     - ``err_nan``: number of elements where the NaN/Inf pattern differs between both sides
+    - ``n_finite``: number of elements compared where both sides are finite. NaN on both sides at the
+      same place agrees, yet compares no number: a pair with elements but ``n_finite == 0`` (all-NaN
+      inputs) is ``ok`` by agreement, not by judgement, and its comment says so (``NOTHING_FINITE``).
     - ``err_h01`` / ``err_h001``: number of elements with |torch - onnx| > 0.1 / > 0.01
     - ``err_local``: max |torch - onnx| when the ONNX node (or its fused group) runs on torch inputs
       (``node_local=True``): a large value means this node creates the error, a small one that it only
@@ -83,6 +86,7 @@ class Record:
     onnx_node_name: str | None = None  # name of the ONNX node producing onnx_name
     stack_trace: str = ""               # last line of the torch stack trace
     n_elements: int | None = None
+    n_finite: int | None = None      # elements compared where both sides are finite (0 of n: nothing judged)
     within_tolerance: bool | None = None
     histogram: tuple[int, ...] | None = field(default=None, repr=False)  # counts of |diff| per decade
     err_where: str | None = None  # where the elements beyond tolerance lie (metrics.beyond_where)
@@ -99,6 +103,52 @@ class Record:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# The comment of a pair with elements none of which is finite on both sides.
+NOTHING_FINITE = "no finite value compared: NaN/Inf on both sides at every position (inputs NaN/Inf?)"
+
+
+def nothing_finite(rec: "Record") -> bool:
+    """Whether ``rec`` compared elements, none of them finite on both sides: its verdict judged nothing."""
+    return rec.n_finite == 0 and bool(rec.n_elements)
+
+
+_JUDGED = (OK, NOISE, MISMATCH, RESET)
+
+
+def finite_counts(records: Iterable["Record"]) -> tuple[int, int, int, int]:
+    """(pairs that compared nothing finite, pairs compared with elements, the same two among outputs):
+    what ``nothing_judged`` reads."""
+    blind = compared = blind_out = outputs = 0
+    for r in records:
+        if r.status not in _JUDGED or not r.n_elements or r.n_finite is None:
+            continue
+        none = r.n_finite == 0
+        compared += 1
+        blind += none
+        if r.kind == KIND_OUTPUT:
+            outputs += 1
+            blind_out += none
+    return blind, compared, blind_out, outputs
+
+
+def nothing_judged(records: Iterable["Record"]) -> str | None:
+    """A sentence when the verdicts of ``records`` judge (next to) nothing: every compared output, or
+    most compared pairs, held no element finite on both sides (NaN/Inf everywhere, as all-NaN inputs
+    make). None otherwise, a mix of NaN and finite elements included (its finite part is judged).
+
+    >>> nothing_judged([Record(kind="output", n_elements=4, n_finite=0)])[:35]
+    'no finite value was compared in 1 o'
+    """
+    blind, compared, blind_out, outputs = finite_counts(records)
+    if not blind or not (outputs and blind_out == outputs or 2 * blind > compared):
+        return None
+    where = f"every output among them ({outputs})" if outputs and blind_out == outputs else \
+        f"{blind_out} of the {outputs} outputs among them"
+    return (f"no finite value was compared in {blind} of the {compared} pairs compared ({where}): both sides "
+            "are NaN/Inf at every position there, the inputs are NaN/Inf? Their status (ok) says the NaN/Inf "
+            "agree, it is not a judgement of the translation: run on finite inputs")
 
 
 HISTOGRAM_EDGES = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -30,7 +31,8 @@ from sbs_widget import records as R
 from sbs_widget.blame.finer import refine_culprits
 from sbs_widget.blame.inside import computing_producer
 from sbs_widget.engine.tolerance import resolve
-from sbs_widget.records import Record
+from sbs_widget.errors import NothingJudgedWarning
+from sbs_widget.records import Record, nothing_judged
 
 DEFAULT_TOP = 10
 
@@ -77,6 +79,14 @@ class Culprit:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class Culprits(list):
+    """The culprits found (a list, most likely first). ``cannot_judge``: a sentence when none was found
+    because nothing could be judged (the pairs compared no finite element: all-NaN inputs), None
+    otherwise: then an empty list means no node creates a difference."""
+
+    cannot_judge: str | None = None
 
 
 def _g(x: float | None) -> str:
@@ -253,12 +263,14 @@ class _Context:
 
 
 def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared=None,
-                  atol: float | None = None, rtol: float | None = None) -> list[Culprit]:
+                  atol: float | None = None, rtol: float | None = None) -> Culprits:
     """Rank the places where errors originate, most likely first.
 
     ``records``: what ``run_aligned``/``Prepared.run`` yielded, best with ``node_local=True``
     (``err_local``); ``prepared``: the ``Prepared`` pair they come from (optional: it adds input
-    agreement and Cast attribution). An export whose values all agree gives ``[]``. ``atol``/``rtol``:
+    agreement and Cast attribution). An export whose values all agree gives ``[]``; where the pairs compared
+    no finite element (all-NaN inputs) the empty list's ``cannot_judge`` says so, with a
+    ``NothingJudgedWarning``. ``atol``/``rtol``:
     those of the run (``None``: the program's default with ``prepared``, else 1e-4).
 
     >>> import sbs_widget
@@ -322,8 +334,13 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
         out.append(c)
 
     out.sort(key=lambda c: (-c.score, c.record if c.record is not None else 0))
-    out = _one_per_onnx_node(out)
-    return out[:top] if top else out
+    out = Culprits(_one_per_onnx_node(out)[:top] if top else _one_per_onnx_node(out))
+    if not out:
+        blind = nothing_judged(records)
+        if blind is not None:  # "no culprit" would read as "the translation is right"
+            out.cannot_judge = f"cannot judge, no culprit can be named: {blind}"
+            warnings.warn(out.cannot_judge, NothingJudgedWarning, stacklevel=2)
+    return out
 
 
 def _one_per_onnx_node(culprits: list[Culprit]) -> list[Culprit]:
@@ -418,7 +435,7 @@ _MOVES_VALUES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Rang
 
 
 def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, atol: float | None = None,
-             rtol: float | None = None, runtime: str = "onnxruntime", reference: bool = True) -> list[Culprit]:
+             rtol: float | None = None, runtime: str = "onnxruntime", reference: bool = True) -> Culprits:
     """Run ``ep`` and ``onx`` side by side with ``node_local=True`` and return ``find_culprits``.
     ``reference=False``: no float64 verdict (pairs beyond tolerance are all mismatches, as before
     the ``noise`` status).
@@ -441,7 +458,9 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
     records = list(prepared.run(inputs, kwargs, runtime=runtime, atol=atol, rtol=rtol, node_local=True,
                                 reference=reference))
     found = find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
-    return refine_culprits(found, prepared, inputs, kwargs, atol, rtol)  # inside translations: blame/finer.py
+    refined = Culprits(refine_culprits(found, prepared, inputs, kwargs, atol, rtol))  # inside translations: finer.py
+    refined.cannot_judge = found.cannot_judge
+    return refined
 
 
 def as_prepared(ep, onx=None):

@@ -56,7 +56,8 @@ def _culprits(args) -> int:
         print(json.dumps([c.to_dict() for c in found], indent=1, default=float))
         return 0
     if not found:
-        print("no culprit: every compared value agrees within tolerance, or no node creates an error")
+        print(visible(found.cannot_judge) if getattr(found, "cannot_judge", None) else
+              "no culprit: every compared value agrees within tolerance, or no node creates an error")
         return 0
     for k, c in enumerate(found, 1):
         node, value = clipped(repr(c.onnx_node)), clipped(repr(c.onnx_name))  # 100k-character names

@@ -190,7 +190,7 @@ static PyObject *new_errors(PyTypeObject *errors_type, PyObject **items, Py_ssiz
 
 static PyObject *figures_to_errors(PyTypeObject *errors_type, const Figures *f, Py_ssize_t n, double atol,
                                    int histogram) {
-    PyObject *items[11];
+    PyObject *items[12];
     int zero = f->top == 0.0f;
     items[0] = PyFloat_FromDouble(zero ? 0.0 : (double)f->top);
     items[1] = PyFloat_FromDouble(zero ? 0.0 : (double)f->rel);
@@ -214,13 +214,14 @@ static PyObject *figures_to_errors(PyTypeObject *errors_type, const Figures *f, 
     }
     items[9] = PyFloat_FromDouble(zero ? 0.0 : (double)f->slack);
     items[10] = PyFloat_FromDouble((double)f->scale);
-    for (int i = 0; i < 11; i++)
+    items[11] = PyLong_FromSsize_t(n); /* n_finite: this pass answers only pairs finite everywhere */
+    for (int i = 0; i < 12; i++)
         if (items[i] == NULL) {
-            for (int j = 0; j < 11; j++)
+            for (int j = 0; j < 12; j++)
                 Py_XDECREF(items[j]);
             return NULL;
         }
-    return new_errors(errors_type, items, 11);
+    return new_errors(errors_type, items, 12);
 }
 
 PyDoc_STRVAR(errors_f32_doc,

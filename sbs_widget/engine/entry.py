@@ -32,11 +32,12 @@ import onnx
 import torch
 
 from sbs_widget.align.pairs import target_name
+from sbs_widget.align.same_program import first_difference
 from sbs_widget.engine.background import start_threads
 from sbs_widget.engine.prepared import Prepared, Progress
 from sbs_widget.engine.runtimes import Runtime
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
-from sbs_widget.errors import InputError, ModelMismatchError, SbsWidgetWarning
+from sbs_widget.errors import InputError, ModelMismatchError, ProgramMismatchWarning, SbsWidgetWarning
 from sbs_widget.load.export import Exported, export_module
 from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.load.readers import (
@@ -140,6 +141,12 @@ def prepare(ep, onx=None) -> Prepared:
                     "from this program"
                 )
         prepared = Prepared(decomposed, model, user, index)
+        # (an ONNXProgram carries the program it was exported from: nothing to check there)
+        difference = first_difference(decomposed, index) if total else None
+        if difference is not None:
+            prepared.program_mismatch = difference.message()
+            prepared.notes.insert(0, prepared.program_mismatch)
+            warnings.warn(prepared.program_mismatch, ProgramMismatchWarning, stacklevel=2)
         if not total and any(op != "Constant" for op in index.op_types):
             prepared.notes.append(NO_METADATA)
             warnings.warn(NO_METADATA, SbsWidgetWarning, stacklevel=2)

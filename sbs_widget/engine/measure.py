@@ -88,14 +88,16 @@ class Measuring:
                 arrays.append(pair)
         errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram,
                                      scratch=self.scratch)
-        for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram, min_atol, _) in \
+        for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram, min_atol, _, n_finite) in \
                 zip(ready, errors):
             rec.err_abs, rec.err_rel, rec.err_dev, rec.min_atol = err_abs, err_rel, err_dev, min_atol
             rec.err_nan, rec.err_h01, rec.err_h001 = err_nan, h01, h001
-            rec.n_elements, rec.within_tolerance, rec.histogram = n, within, histogram
+            rec.n_elements, rec.within_tolerance, rec.histogram, rec.n_finite = n, within, histogram, n_finite
             rec.status = R.OK if within else R.MISMATCH
             if not n:  # "ok" over nothing: said so
                 rec.comment = _join(rec.comment, EMPTY_NOTE)
+            elif not n_finite:  # NaN against NaN everywhere: agreement, not a judgement
+                rec.comment = _join(rec.comment, R.NOTHING_FINITE)
         for rec, (e, g) in zip(ready, arrays):
             if rec.status == R.MISMATCH:  # rare: one more pass over this pair only
                 rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
@@ -141,6 +143,7 @@ class Measuring:
         rec.err_abs = rec.err_rel = rec.err_dev = rec.min_atol = 0.0
         rec.err_nan = rec.err_h01 = rec.err_h001 = 0
         rec.n_elements, rec.within_tolerance, rec.status = e.size, True, R.OK
+        rec.n_finite = e.size
         rec.histogram = (e.size,) + (0,) * (len(HISTOGRAM_EDGES) - 1) if self.histogram else None
         if not e.size:
             rec.comment = _join(rec.comment, EMPTY_NOTE)

@@ -32,6 +32,9 @@ class Errors(NamedTuple):  # one per compared pair: a tuple, built and unpacked 
     histogram: tuple[int, ...] | None = None
     min_atol: float = 0.0  # the smallest atol the pair passes at this rtol (inf: NaN/Inf disagree)
     scale: float = 0.0     # max |expected| over finite positions
+    # elements compared where both sides are finite (n_elements unless NaN/Inf: NaN on both sides at one
+    # place agrees, yet compares no number; 0 of n: the pair judged nothing)
+    n_finite: int = 0
 
 
 _new_errors = tuple.__new__  # (Errors, fields): skips NamedTuple's Python-level __new__
@@ -99,7 +102,8 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     g = as_numpy(got)
     n = int(e.size)
     if n == 0:
-        return Errors(0.0, 0.0, 0.0, 0, 0, 0, 0, True, (0,) * len(HISTOGRAM_EDGES) if histogram else None)
+        return Errors(0.0, 0.0, 0.0, 0, 0, 0, 0, True, (0,) * len(HISTOGRAM_EDGES) if histogram else None, 0.0,
+                      0.0, 0)
     is_exact = exact(e, g)
     if is_exact:
         atol = rtol = 0.0
@@ -132,7 +136,8 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
     scale = float(ae.max()) if ae.size and not is_exact and e.dtype.kind == "f" else 0.0
     if diff.size == 0 or top == 0.0:
         hist = ((int(diff.size),) + (0,) * (len(HISTOGRAM_EDGES) - 1)) if histogram else None
-        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist, math.inf if err_nan else 0.0, scale)
+        return Errors(0.0, 0.0, 0.0, err_nan, 0, 0, n, err_nan == 0, hist, math.inf if err_nan else 0.0, scale,
+                      min(n, int(diff.size)))
     err_abs = float(top)
     err_rel = float((diff / np.maximum(ae, 1e-6)).max())
     err_dev = float(np.sqrt(np.dot(diff, diff) / diff.size))
@@ -146,7 +151,8 @@ def compute_errors(expected, got, *, atol: float, rtol: float, histogram: bool =
         min_atol = err_abs
     else:
         min_atol = max(0.0, float((diff - rtol * ae).max()))
-    return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist, min_atol, scale)
+    return Errors(err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, hist, min_atol, scale,
+                  min(n, int(diff.size)))
 
 
 def beyond_where(expected, got, *, atol: float, rtol: float) -> str | None:
@@ -372,9 +378,9 @@ def _reduce_batch(out, idx, es, gs, sizes, calc, atol, rtol, histogram, scratch:
         if not ok:
             out[i] = compute_errors(e, g, atol=atol, rtol=rtol, histogram=histogram)
         elif t == 0.0:
-            out[i] = new(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, hst, 0.0, sc))
+            out[i] = new(Errors, (0.0, 0.0, 0.0, 0, 0, 0, size, True, hst, 0.0, sc, size))
         else:
-            out[i] = new(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0, hst, max(0.0, sl), sc))
+            out[i] = new(Errors, (t, r, d, 0, c01, c001, size, t <= atol or v == 0, hst, max(0.0, sl), sc, size))
 
 
 _ZEROS = [0] * 4096   # read-only stand-ins for the columns a batch skips (sliced, never written)

@@ -110,6 +110,8 @@ class Prepared:
         self._plans: dict[tuple, list[tuple[int, int]]] = {}  # (cuts, most nodes) -> segment ranges
         self._release_plans: dict[tuple, ReleasePlan] = {}  # (segment ranges, node_local) -> plan
         self.notes: list[str] = []  # what limits this comparison, said once (e.g. no exporter metadata)
+        # the ONNX model's metadata names another program's node (``align/same_program.py``): the message
+        self.program_mismatch: str | None = None
         self._check_outputs()
 
     # -- one-time checks -------------------------------------------------------------------------

@@ -36,6 +36,9 @@ class Summary:
     exactness: list = field(default_factory=list)  # output records measured against a float64 run
     no_kernel: dict = field(default_factory=dict)  # op type -> nodes the runtime has no kernel for
     notes: list = field(default_factory=list)      # what limits the comparison (Prepared.notes)
+    n_nothing_finite: int = 0              # pairs with elements, none of them finite on both sides
+    nothing_judged: str | None = None      # said first: the verdicts judged (next to) nothing (records.py)
+    program_mismatch: str | None = None    # said first: the ONNX model comes from another program
 
     @property
     def coverage_of_present(self) -> float | None:
@@ -46,8 +49,12 @@ class Summary:
 
     def lines(self) -> list[str]:
         """The summary as printable lines (control and bidi characters in names shown escaped)."""
-        out = [f"records: {self.n_records}, pairs compared: {self.n_compared} "
-               f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})"]
+        out = [f"WARNING: {text}" for text in (self.program_mismatch, self.nothing_judged) if text]
+        out.append(f"records: {self.n_records}, pairs compared: {self.n_compared} "
+                   f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})")
+        if self.n_nothing_finite and not self.nothing_judged:
+            out.append(f"{self.n_nothing_finite} pair(s) compared no finite value (NaN/Inf on both sides at every "
+                       "position): their status says the NaN/Inf agree, nothing more")
         if self.coverage is not None:
             unaccounted = self.coverable - self.covered - self.explained
             line = (f"coverage: {self.coverage:.1%} of the program's {self.coverable} value-producing "
@@ -82,7 +89,7 @@ class Summary:
                        "downstream nodes read the torch values. onnxruntime's CPU provider lacks most "
                        "bfloat16 kernels: compare on CUDA inputs or with runtime 'onnx.reference' "
                        "(CLI: --runtime onnx.reference)")
-        out.extend(f"note: {n}" for n in self.notes)
+        out.extend(f"note: {n}" for n in self.notes if n != self.program_mismatch)
         return [visible(line) for line in out]  # lines for a terminal: names may hold ESC or bidi codes
 
 
@@ -123,8 +130,11 @@ def summarize(records: list[Record], prepared=None) -> Summary:
                 s.exactness.append(r)
         elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
             s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
+    s.n_nothing_finite = R.finite_counts(records)[0]
+    s.nothing_judged = R.nothing_judged(records)
     if prepared is not None:
         s.notes = list(prepared.notes)
+        s.program_mismatch = getattr(prepared, "program_mismatch", None)
         s.covered, s.coverable, s.uncovered = coverage(records, prepared)
         s.coverage = s.covered / s.coverable if s.coverable else None
         folded_fx = {r.ep_name for r in records if r.status == R.ONE_SIDED and "constant-folded" in (r.comment or "")}
