@@ -27,6 +27,7 @@ from sbs_widget.errors import (
     SbsWidgetWarning,
     ToleranceExceeded,
 )
+from sbs_widget.gate.report import Report, load_report, write_report
 from sbs_widget.graphs.dot import fx_graph, onnx_graph
 from sbs_widget.load.export import Exported, export_module
 from sbs_widget.records import Record, to_dataframe
@@ -73,4 +74,7 @@ __all__ = [
     "string_type",
     "suggest_resets",
     "to_dataframe",
+    "Report",
+    "load_report",
+    "write_report",
 ]

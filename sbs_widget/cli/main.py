@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "sbs_widget.cli.graphs",
     "sbs_widget.cli.culprits",
     "sbs_widget.cli.deployed",
+    "sbs_widget.cli.check",
 )
 
 
