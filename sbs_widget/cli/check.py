@@ -89,7 +89,7 @@ def _check(args) -> int:
         return bad("--top must be 0 or more")
     try:
         for path in args.output:  # before the run: a bad -o must not cost the whole comparison
-            check_output_file(path, REPORTS + WRITERS)
+            check_output_file(path, tuple(dict.fromkeys(REPORTS + WRITERS)))
         return _run(args, files)
     except SbsError as e:
         return bad(str(e))

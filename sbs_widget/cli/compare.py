@@ -16,7 +16,7 @@ from sbs_widget.cli.options import add_model_files, add_runtime, add_time_limit,
 from sbs_widget.engine.cancel import INTERRUPTED, Cancel, ctrl_c
 from sbs_widget.errors import InputError, RunCancelled
 
-WRITERS = (".csv", ".xlsx", ".parquet", ".html")
+WRITERS = (".csv", ".xlsx", ".parquet", ".html", ".json", ".md")
 
 
 def register_cli(sub) -> None:
@@ -178,6 +178,11 @@ def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4)
     if ext not in WRITERS:
         raise InputError(f"cannot write {path!r}: use one of {', '.join(WRITERS)}")
     with atomic_path(path) as tmp:
+        if ext in (".json", ".md"):  # the versioned JSON report, the Markdown summary (gate/report.py)
+            from sbs_widget.gate.report import build_report
+
+            build_report(records, atol=atol, rtol=rtol).write(tmp)
+            return
         if ext == ".html":
             from sbs_widget.views.report import write_html_report
 
