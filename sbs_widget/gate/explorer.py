@@ -10,8 +10,8 @@ compared values shows its worst.
 Node ids are those the viewers give:
 
 - the ONNX model, as ``model-explorer-onnx`` names them: graph id = the graph's name (``<main>`` when
-  it has none), a node = its name (``<node_i>`` for the i-th node when unnamed), a graph input,
-  output or initializer = ``[value] <its name>``;
+  it has none), a node = its name (unnamed or repeated names as onnx_ir's ``NameFixPass`` fixes them,
+  which the adapter runs first), a graph input, output or initializer = ``[value] <its name>``;
 - the program, as Model Explorer's built-in ExportedProgram adapter names them: graph id ``graph``, a
   node = its FX name. Records name the nodes of the program the exporter translated (``ep_name``) and of
   the program you exported (``ep_origin``): both are written, so either program can be opened.
@@ -127,8 +127,7 @@ def onnx_node_data(records, onx, culprits=()) -> dict:
     model = onnx.load(os.fspath(onx), load_external_data=False) if isinstance(onx, (str, os.PathLike)) else onx
     graph = model.graph
     producer = {}
-    for i, node in enumerate(graph.node):
-        node_id = node.name or f"<node_{i}>"
+    for node, node_id in zip(graph.node, _node_ids(model)):
         for out in node.output:
             if out:
                 producer[out] = node_id
@@ -149,6 +148,26 @@ def onnx_node_data(records, onx, culprits=()) -> dict:
         for node_id in ids:
             nodes.setdefault(node_id, _Node()).add(rec, verdict)
     return _per_data({graph_id_of(model): nodes}, "ONNX")
+
+
+def _node_ids(model) -> list[str]:
+    """The ids of the main graph's nodes, in order: their names; where some are missing or repeated, the
+    names onnx_ir's ``NameFixPass`` gives them, as model-explorer-onnx runs it before naming its nodes."""
+    names = [n.name for n in model.graph.node]
+    if all(names) and len(set(names)) == len(names):
+        return names
+    try:
+        import onnx_ir as ir
+        from onnx_ir.passes.common import NameFixPass
+
+        ir_model = ir.serde.deserialize_model(model)
+        NameFixPass()(ir_model)
+        fixed = [n.name for n in ir_model.graph]
+        if len(fixed) == len(names):
+            return fixed
+    except Exception:  # the adapter's own fallback below
+        pass
+    return [name or f"<node_{i}>" for i, name in enumerate(names)]
 
 
 def program_node_data(records, culprits=()) -> dict:
