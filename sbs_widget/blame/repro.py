@@ -29,6 +29,7 @@ from sbs_widget.dtypes import ONNX_TO_NUMPY, numpy_elem_type
 from sbs_widget.engine.fx_runner import torch_values
 from sbs_widget.engine.node_local import ANCHOR, local_model
 from sbs_widget.errors import InputError
+from sbs_widget.safe_files import output_folder, output_path
 from sbs_widget.views.safe_text import short_name
 
 OUTPUT = "expected"
@@ -181,25 +182,30 @@ def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: f
     expected_t = expected_t if isinstance(expected_t, torch.Tensor) else torch.tensor(expected_t)
     expected = _as_array(expected_t, value, p.index)
 
-    os.makedirs(folder, exist_ok=True)
+    output_folder(folder)
     files = []
 
-    def path(name):
+    def path(name):  # each file written aside, then renamed over the name: a link there is replaced
         files.append(name)
-        return os.path.join(folder, name)
+        return output_path(os.path.join(folder, name))
 
-    onnx.save(model, path("model.onnx"))
-    torch.save({a: torch.from_numpy(v.copy()) for a, v in feeds.items()}, path("inputs.pt"))
+    with path("model.onnx") as tmp:
+        onnx.save(model, tmp)
+    with path("inputs.pt") as tmp:
+        torch.save({a: torch.from_numpy(v.copy()) for a, v in feeds.items()}, tmp)
     keys = _npz_keys(feeds)  # zip entry names: a 100k-character name cannot be one
-    np.savez(path("inputs.npz"), **{k: feeds[a] for k, a in keys.items()})
-    torch.save({OUTPUT: expected_t.detach().cpu().clone()}, path("expected.pt"))
-    np.savez(path("expected.npz"), **{OUTPUT: expected})
-    with open(path("fx.txt"), "w", encoding="utf-8") as f:
+    with path("inputs.npz") as tmp:
+        np.savez(tmp, **{k: feeds[a] for k, a in keys.items()})
+    with path("expected.pt") as tmp:
+        torch.save({OUTPUT: expected_t.detach().cpu().clone()}, tmp)
+    with path("expected.npz") as tmp:
+        np.savez(tmp, **{OUTPUT: expected})
+    with path("fx.txt") as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(_fx_text(p, fx_out, torch_vals, g))
-    with open(path("replay.py"), "w", encoding="utf-8") as f:
+    with path("replay.py") as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(REPLAY.format(value=repr(value), nodes=repr(list(node_names)), names=repr(keys)))
     err = _replay_error(model, feeds, expected)
-    with open(path("info.json"), "w", encoding="utf-8") as f:
+    with path("info.json") as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump({"value": value, "fx_node": fx_out, "nodes": node_names, "anchors": list(g.anchors),
                    "npz_keys": keys,
                    "constants": list(g.constants), "err_abs": err, "atol": atol, "rtol": rtol}, f, indent=1)

@@ -30,7 +30,8 @@ def _run(args) -> int:
     from sbs_widget.engine.entry import prepare  # the decomposed program: records name its nodes, not the user's
     from sbs_widget.graphs.page import write_graphs_html
     from sbs_widget.load.readers import load_inputs
-    from sbs_widget.views.safe_text import atomic_path, visible
+    from sbs_widget.safe_files import output_path
+    from sbs_widget.views.safe_text import visible
 
     check_output_file(args.output, (".html", ".htm"))  # g.png, a missing folder: said before the run
     prepared = prepare(args.ep, args.onnx)
@@ -38,7 +39,7 @@ def _run(args) -> int:
     if args.inputs:
         inputs, kwargs = load_inputs(args.inputs, None)
         records = list(prepared.run(args=inputs, kwargs=kwargs, atol=args.atol, rtol=args.rtol))
-    with atomic_path(args.output) as tmp:  # complete or absent
+    with output_path(args.output) as tmp:  # complete or absent; a link at the name is replaced
         write_graphs_html(tmp, prepared, records, title=args.title or f"{args.ep} vs {args.onnx}")
     bad = sum(r.status != "ok" for r in records)
     print(visible(f"wrote {args.output} ({len(records)} records, {bad} not ok)"))

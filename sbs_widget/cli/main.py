@@ -85,10 +85,16 @@ def check_output_folder(path: str, files: tuple[str, ...], force: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"cannot write into {path!r}: it is a file, not a folder; give a new folder name")
     if os.path.isdir(path):
-        clash = [f for f in files if os.path.exists(os.path.join(path, f))]
+        # (a link among them counts: it is replaced by the new file, never written through)
+        clash = [f for f in files if os.path.lexists(os.path.join(path, f))]
         if clash and not force:
             raise InputError(f"{path!r} already holds {', '.join(clash)}: give a new folder, or --force "
                              "to overwrite those files")
+        taken = [os.path.join(path, f) for f in clash]
+        folders = [f for f, p in zip(clash, taken) if not os.path.islink(p) and os.path.isdir(p)]
+        if folders:
+            raise InputError(f"cannot write {', '.join(folders)} into {path!r}: a folder has that name; remove it "
+                             "or give another folder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise InputError(f"cannot write into {path!r}: the folder is not writable")
         return

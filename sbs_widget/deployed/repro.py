@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from sbs_widget.dtypes import numpy_elem_type
+from sbs_widget.safe_files import output_folder, output_path, write_text
 
 REPLAY = '''"""Replays a deployment fault found by sbs_widget.check_deployed: the subgraph run with onnxruntime's
 optimizations off and with the deployed setting (and with the guilty transformers disabled)."""
@@ -96,13 +97,15 @@ def write_repro(folder, original: onnx.ModelProto, value: str, values: dict[str,
                             initializer=[weights[r] for r in reads if r in weights])
     model = helper.make_model(sub, opset_imports=list(original.opset_import), ir_version=original.ir_version)
     model.functions.extend(original.functions)
-    out = pathlib.Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(out / "subgraph.onnx"))
-    np.savez(out / "inputs.npz", **{r: values[r] for r in fed})
-    with open(out / "setting.json", "w") as f:
-        json.dump({"level": setting.level, "config": [list(c) for c in setting.config],
-                   "providers": list(setting.providers), "transformers": list(transformers),
-                   "describe": setting.describe(), "value": value, "nodes": [n.name for n in nodes]}, f, indent=1)
-    (out / "replay.py").write_text(REPLAY)
+    out = pathlib.Path(output_folder(folder))
+    # each file written aside, then renamed over its name: a link planted there is replaced, never followed
+    with output_path(out / "subgraph.onnx") as tmp:
+        onnx.save_model(model, tmp)
+    with output_path(out / "inputs.npz") as tmp:
+        np.savez(tmp, **{r: values[r] for r in fed})
+    write_text(out / "setting.json", json.dumps(
+        {"level": setting.level, "config": [list(c) for c in setting.config],
+         "providers": list(setting.providers), "transformers": list(transformers),
+         "describe": setting.describe(), "value": value, "nodes": [n.name for n in nodes]}, indent=1))
+    write_text(out / "replay.py", REPLAY)
     return os.fspath(out)

@@ -21,11 +21,23 @@ from torch.utils import _pytree
 
 from sbs_widget.dtypes import onnx_elem_type, torch_dtype
 from sbs_widget.errors import InputError, LoadError, SbsWidgetWarning
+from sbs_widget.load.onnx_checks import check_tensor
+from sbs_widget.safe_files import output_path
 from sbs_widget.strings import string_type
 
 METADATA_KEY = "sbs_widget.dump"
 FORMAT_VERSION = 1
 _CACHE_MODULE = "transformers.cache_utils"
+# Bounds on what a dump file's metadata may make this process build: its JSON text (characters) and
+# the nesting of the values it describes. A dump written by ``steal_forward`` is far below both.
+METADATA_LIMIT = 16 << 20
+DEPTH_LIMIT = 64
+# The factories a ``collections.defaultdict`` in a dump may have, by (module, name): built here, never
+# imported by a name the file gives.
+_FACTORIES = {("builtins", f.__name__): f for f in (list, dict, set, tuple, int, float, str)}
+_FACTORIES[(None, None)] = None
+# Containers rebuilt by this module's code (torch's deserializers import modules named by the file).
+_OWN_CONTAINERS = ("collections.OrderedDict", "collections.defaultdict", "collections.deque")
 
 
 # ---------------------------------------------------------------- structure <-> JSON
@@ -41,6 +53,31 @@ def _cache_class(module: str, qualname: str):
     cls = getattr(mod, qualname, None)
     bases = tuple(b for b in (getattr(mod, "Cache", None), getattr(mod, "CacheLayerMixin", None)) if b)
     return cls if isinstance(cls, type) and issubclass(cls, bases) else None
+
+
+def _transformers_type(name) -> type | None:
+    """The transformers ``ModelOutput`` or cache class registered with torch's pytree under ``name``, or
+    None: the only pytree types, besides ``_OWN_CONTAINERS``, that a dump may hold. Looked up among the
+    types already registered in this process: nothing is imported by a name the file gives."""
+    cls = _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if type(name) is str else None
+    if not isinstance(cls, type) or not cls.__module__.startswith("transformers."):
+        return None
+    try:
+        from transformers.utils import ModelOutput
+    except ImportError:  # pragma: no cover - registered by transformers, so it imports
+        return None
+    if issubclass(cls, ModelOutput) or _cache_class(cls.__module__, cls.__qualname__):
+        return cls
+    return None
+
+
+def _pytree_name(cls) -> str | None:
+    """The name ``cls`` is stored under as a pytree container, or None when a dump may not hold it."""
+    ser = getattr(_pytree, "SUPPORTED_SERIALIZED_TYPES", {}).get(cls)
+    name = getattr(ser, "serialized_type_name", None)
+    if name in _OWN_CONTAINERS or (name and _transformers_type(name) is cls):
+        return name
+    return None
 
 
 def _encode(obj, tensors: list, unsupported: list, where: str):
@@ -75,9 +112,23 @@ def _encode(obj, tensors: list, unsupported: list, where: str):
         return {"_t": "namedtuple", "type": type(obj).__name__, "fields": list(obj._fields),
                 "v": [_encode(x, tensors, unsupported, f"{where}.{f}") for f, x in zip(obj._fields, obj)]}
     cls = type(obj)
+    if cls is collections.defaultdict:
+        factory = obj.default_factory
+        key = (None, None) if factory is None else (getattr(factory, "__module__", None),
+                                                   getattr(factory, "__qualname__", None))
+        if _FACTORIES.get(key, False) is not factory or not all(k is None or type(k) in (str, int, bool) for k in obj):
+            unsupported.append(f"{where} (defaultdict of {factory!r}: a dump holds the factories "
+                               "list/dict/set/tuple/int/float/str/None and keys str/int/bool)")
+            return {"_t": "unsupported", "type": "defaultdict"}
+        ctx = {"default_factory_module": key[0], "default_factory_name": key[1], "dict_context": list(obj)}
+        return {"_t": "pytree", "type": "collections.defaultdict", "ctx": ctx,
+                "v": [_encode(v, tensors, unsupported, f"{where}[{k!r}]") for k, v in obj.items()]}
     node = _pytree.SUPPORTED_NODES.get(cls)
     ser = getattr(_pytree, "SUPPORTED_SERIALIZED_TYPES", {}).get(cls)
-    if node is not None and ser is not None and getattr(ser, "serialized_type_name", None):
+    if node is not None and ser is not None and _pytree_name(cls) is None and isinstance(obj, tuple):
+        # torch.return_types and other tuples registered without a name a dump may hold: their values
+        return {"_t": "tuple", "v": [_encode(x, tensors, unsupported, f"{where}[{i}]") for i, x in enumerate(obj)]}
+    if node is not None and ser is not None and _pytree_name(cls) is not None:
         children, context = node.flatten_fn(obj)
         to_ctx = getattr(ser, "to_dumpable_context", None)
         try:
@@ -98,27 +149,35 @@ def _encode(obj, tensors: list, unsupported: list, where: str):
     return {"_t": "unsupported", "type": cls.__name__}
 
 
-def _decode(node, tensors: list):
-    """Inverse of ``_encode``; only builds JSON types, tensors and allowlisted containers."""
+def _decode(node, tensors: list, depth: int = 0):
+    """Inverse of ``_encode``; only builds JSON types, tensors and allowlisted containers. Nothing in
+    ``node`` chooses what is imported or called: every type is looked up in this module's own tables."""
     if node is None or type(node) in (bool, int, float, str):
         return node
+    if depth > DEPTH_LIMIT:
+        raise LoadError(f"dump: values nested more than {DEPTH_LIMIT} levels deep; steal_forward writes no such "
+                        "value: the file was edited")
+    depth += 1
     if type(node) is list:
-        return [_decode(x, tensors) for x in node]
+        return [_decode(x, tensors, depth) for x in node]
     if type(node) is not dict:
-        raise LoadError(f"dump: unexpected JSON value {node!r}")
+        raise LoadError(f"dump: unexpected JSON value {str(node)[:80]!r}")
     tag = node.get("_t")
     if tag == "tensor":
-        return tensors[node["i"]]
+        i = node["i"]
+        if type(i) is not int or not 0 <= i < len(tensors):
+            raise LoadError(f"dump: tensor reference {str(i)[:20]!r} out of the entry's {len(tensors)} tensor(s)")
+        return tensors[i]
     if tag == "tuple":
-        return tuple(_decode(x, tensors) for x in node["v"])
+        return tuple(_decode(x, tensors, depth) for x in _list(node["v"]))
     if tag == "dict":
-        return dict(zip(node["k"], (_decode(x, tensors) for x in node["v"])))
+        return dict(zip(_keys(node["k"]), (_decode(x, tensors, depth) for x in _list(node["v"]))))
     if tag == "float":
-        return float(node["v"])
+        return float(str(node["v"]))
     if tag == "dtype":
-        dtype = getattr(torch, node["v"], None)
+        dtype = getattr(torch, node["v"], None) if type(node["v"]) is str else None
         if not isinstance(dtype, torch.dtype):
-            raise LoadError(f"dump: unknown dtype {node['v']!r}")
+            raise LoadError(f"dump: unknown dtype {str(node['v'])[:80]!r}")
         return dtype
     if tag == "device":
         try:
@@ -127,31 +186,98 @@ def _decode(node, tensors: list):
             raise LoadError(f"dump: unknown device {str(node['v'])[:80]!r}; a dump names devices such as "
                             "'cpu' or 'cuda:0'") from None
     if tag == "size":
-        return torch.Size(node["v"])
+        dims = _list(node["v"])
+        if not all(type(d) is int and d >= 0 for d in dims):
+            raise LoadError(f"dump: torch.Size {str(dims)[:80]} holds something other than sizes")
+        return torch.Size(dims)
     if tag == "namedtuple":
-        cls = collections.namedtuple(node["type"], node["fields"])
-        return cls(*(_decode(x, tensors) for x in node["v"]))
+        values = [_decode(x, tensors, depth) for x in _list(node["v"])]
+        return _namedtuple_class(node["type"], node["fields"], len(values))(*values)
     if tag == "pytree":
-        cls = _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(node["type"])
-        if cls is None:
-            raise LoadError(f"dump: container type {node['type']!r} is not registered with torch pytree "
-                            "in this process; import the library that registers it, then load again")
-        ser = _pytree.SUPPORTED_SERIALIZED_TYPES[cls]
-        from_ctx = getattr(ser, "from_dumpable_context", None)
-        ctx = from_ctx(node["ctx"]) if from_ctx else node["ctx"]
-        return _pytree.SUPPORTED_NODES[cls].unflatten_fn([_decode(x, tensors) for x in node["v"]], ctx)
+        return _decode_pytree(node, [_decode(x, tensors, depth) for x in _list(node["v"])])
     if tag in ("obj", "class"):
-        cls = _cache_class(node["module"], node["type"])
+        module, qualname = node["module"], node["type"]
+        cls = _cache_class(module, qualname) if type(module) is str and type(qualname) is str else None
         if cls is None:
-            raise LoadError(f"dump: type {node['module']}.{node['type']} is not an allowed container")
+            raise LoadError(f"dump: type {str(module)[:80]}.{str(qualname)[:80]} is not an allowed container")
         if tag == "class":
             return cls
+        state = node["state"]
+        if type(state) is not dict:
+            raise LoadError(f"dump: the state of {qualname} is not a mapping")
         obj = cls.__new__(cls)
-        obj.__dict__.update({k: _decode(v, tensors) for k, v in node["state"].items()})
+        obj.__dict__.update({str(k): _decode(v, tensors, depth) for k, v in state.items()})
         return obj
     if tag == "unsupported":
-        return f"<not stored: {node['type']}>"
-    raise LoadError(f"dump: unknown tag {tag!r}")
+        return f"<not stored: {str(node['type'])[:80]}>"
+    raise LoadError(f"dump: unknown tag {str(tag)[:80]!r}")
+
+
+def _list(value) -> list:
+    if type(value) is not list:
+        raise LoadError(f"dump: expected a list, found {str(value)[:80]!r}")
+    return value
+
+
+def _keys(value) -> list:
+    """Mapping keys from the file: JSON scalars only (hashable, and nothing else to build)."""
+    keys = _list(value)
+    if not all(k is None or type(k) in (str, int, float, bool) for k in keys):
+        raise LoadError(f"dump: mapping keys {str(keys)[:80]} are not strings, numbers or booleans")
+    return keys
+
+
+@functools.lru_cache(maxsize=256)
+def _namedtuple_type(type_name: str, fields: tuple) -> type:
+    return collections.namedtuple(type_name, fields)
+
+
+def _namedtuple_class(type_name, fields, count: int) -> type:
+    """The namedtuple class a dump names (one per name and fields, made once): its names must be what
+    ``collections.namedtuple`` takes (identifiers, no keyword, no leading underscore, no repeat)."""
+    if type(type_name) is not str or type(fields) is not list or not all(type(f) is str for f in fields):
+        raise LoadError(f"dump: namedtuple {str(type_name)[:80]!r} has no name and field names")
+    if len(fields) != count:
+        raise LoadError(f"dump: namedtuple {type_name[:80]!r} names {len(fields)} field(s) for {count} value(s)")
+    try:
+        return _namedtuple_type(type_name, tuple(fields))
+    except (ValueError, TypeError, SyntaxError) as e:
+        raise LoadError(f"dump: namedtuple {type_name[:80]!r} with fields {str(fields)[:80]} cannot be rebuilt "
+                        f"({e}); steal_forward writes no such names: the file was edited") from None
+
+
+def _decode_pytree(node: dict, values: list):
+    """A pytree container from the file: OrderedDict, deque and defaultdict (of a builtin factory) built
+    here; transformers' ModelOutput and cache types by their registered unflatten function; any other
+    type refused. torch's own deserializers are never called on the file's context: the defaultdict
+    one imports the module the file names."""
+    name, ctx = node["type"], node.get("ctx")
+    shown = str(name)[:80]
+    if name == "collections.OrderedDict":
+        return collections.OrderedDict(zip(_keys(ctx), values, strict=True))
+    if name == "collections.deque":
+        if ctx is not None and (type(ctx) is not int or ctx < 0):
+            raise LoadError(f"dump: deque length {str(ctx)[:20]!r} is not a size")
+        return collections.deque(values, maxlen=ctx)
+    if name == "collections.defaultdict":
+        if type(ctx) is not dict or set(ctx) != {"default_factory_module", "default_factory_name", "dict_context"}:
+            raise LoadError(f"dump: defaultdict context {str(ctx)[:80]} is not what steal_forward writes")
+        key = (ctx["default_factory_module"], ctx["default_factory_name"])
+        if type(key[0]) not in (str, type(None)) or type(key[1]) not in (str, type(None)) or key not in _FACTORIES:
+            raise LoadError(f"dump: defaultdict with the factory {str(key[0])[:80]}.{str(key[1])[:80]} is refused: a "
+                            "dump's defaultdict has one of list, dict, set, tuple, int, float, str or None")
+        return collections.defaultdict(_FACTORIES[key], zip(_keys(ctx["dict_context"]), values, strict=True))
+    cls = _transformers_type(name)
+    if cls is None:
+        raise LoadError(f"dump: container type {shown!r} is refused: a dump holds OrderedDict, deque, defaultdict "
+                        "and transformers' ModelOutput and cache types (registered with torch pytree in this "
+                        "process: import transformers before loading)")
+    from_ctx = getattr(_pytree.SUPPORTED_SERIALIZED_TYPES[cls], "from_dumpable_context", None)
+    if from_ctx is not None and not getattr(from_ctx, "__module__", "").startswith("transformers"):
+        raise LoadError(f"dump: container type {shown!r} is read by {from_ctx!r}, which is not transformers' own")
+    if from_ctx is None and ctx is not None:
+        ctx = _keys(ctx)  # ModelOutput: its field names
+    return _pytree.SUPPORTED_NODES[cls].unflatten_fn(values, from_ctx(ctx) if from_ctx else ctx)
 
 
 # ---------------------------------------------------------------- steal_forward
@@ -327,18 +453,23 @@ def dump_model(entries: dict[tuple, tuple[Any, list[torch.Tensor]]]) -> onnx.Mod
 
 
 def save_dump(entries: dict, path) -> None:
-    """Write ``entries`` (``ForwardStealer._entries``) to ``path``."""
-    onnx.save(dump_model(entries), str(path))
+    """Write ``entries`` (``ForwardStealer._entries``) to ``path`` (written aside, then renamed over
+    ``path``: a link there is replaced, never followed)."""
+    model = dump_model(entries)
+    with output_path(path) as tmp:
+        onnx.save(model, tmp)
 
 
-def _tensor_from_proto(proto: onnx.TensorProto) -> torch.Tensor:
+def _tensor_from_proto(proto: onnx.TensorProto, where: str = "dump") -> torch.Tensor:
     dtype = torch_dtype(proto.data_type)
+    if proto.data_location == onnx.TensorProto.EXTERNAL:
+        raise LoadError(f"{where}: tensor {proto.name!r} uses external data, which load_dump does not read")
+    # negative or huge dimensions, too few or too many bytes or values: counted before anything is built
+    check_tensor(proto, f"tensor {proto.name!r}", where)
     if dtype is None:
-        raise LoadError(f"dump: tensor {proto.name!r}: no torch dtype for ONNX element type {proto.data_type}")
+        raise LoadError(f"{where}: tensor {proto.name!r}: no torch dtype for ONNX element type {proto.data_type}")
     shape = tuple(proto.dims)
     n = math.prod(shape)
-    if proto.data_location == onnx.TensorProto.EXTERNAL:
-        raise LoadError(f"dump: tensor {proto.name!r} uses external data, which load_dump does not read")
     if proto.raw_data or n == 0:
         raw = proto.raw_data
         if len(raw) != n * torch.empty((), dtype=dtype).element_size():
@@ -372,26 +503,40 @@ def load_dump(path) -> dict:
     props = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in props:
         raise LoadError(f"{path} is not a sbs_widget dump (no metadata_props[{METADATA_KEY!r}])")
+    text = props.pop(METADATA_KEY)
+    if len(text) > METADATA_LIMIT:  # JSON builds objects many times its size: refused before parsing
+        raise LoadError(f"{path}: dump metadata of {len(text)} characters, over the {METADATA_LIMIT} a dump may "
+                        "hold (sbs_widget.dumps.steal.METADATA_LIMIT); the file was edited or is not a dump")
     try:
-        doc = json.loads(props[METADATA_KEY])
+        doc = json.loads(text)
         entries = doc["entries"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise LoadError(f"{path}: corrupt dump metadata ({e})") from e
+        raise LoadError(f"{path}: corrupt dump metadata ({type(e).__name__}: {str(e)[:200]})") from None
+    del text
+    if type(entries) is not list or not all(type(e) is dict for e in entries):
+        raise LoadError(f"{path}: corrupt dump metadata (entries is not a list of objects)")
     if doc.get("version") != FORMAT_VERSION:
-        raise LoadError(f"{path}: dump format version {doc.get('version')} is not {FORMAT_VERSION}")
+        raise LoadError(f"{path}: dump format version {str(doc.get('version'))[:20]} is not {FORMAT_VERSION}")
     constants = {}
     for node in model.graph.node:
         if node.op_type == "Constant" and len(node.output) == 1:
             for att in node.attribute:
                 if att.name == "value":
-                    constants[node.output[0]] = _tensor_from_proto(att.t)
+                    constants[node.output[0]] = _tensor_from_proto(att.t, f"dump {path}")
     result = {}
     for e in entries:
+        label = f"{str(e.get('name'))[:80]!r}[{str(e.get('iteration'))[:20]}].{str(e.get('kind'))[:5]}"
         try:
-            tensors = [constants[n] for n in e["tensors"]]
-            result[(e["name"], e["iteration"], e["kind"])] = _decode(e["value"], tensors)
+            tensors = [constants[n] for n in _list(e["tensors"])]
+            key = (e["name"], e["iteration"], e["kind"])
+            if type(key[0]) is not str or type(key[1]) is not int or key[2] not in ("I", "O"):
+                raise LoadError("its key is not (module name, call number, 'I' or 'O')")
+            result[key] = _decode(e["value"], tensors)
+        except LoadError as err:
+            raise LoadError(f"{path}: entry {label}: {str(err).removeprefix('dump: ')}") from None
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as err:
-            raise LoadError(f"{path}: entry {e.get('name')!r} is inconsistent ({err!r})") from err
+            raise LoadError(f"{path}: entry {label} is inconsistent ({type(err).__name__}: {str(err)[:200]})") \
+                from None
     return result
 
 

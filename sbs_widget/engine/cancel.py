@@ -1,7 +1,7 @@
 """Bounding and stopping a run.
 
 A ``Cancel`` token goes with each run. The engine checks it once per segment (a monotonic clock
-read); firing it (time limit, ``SbsWidget.stop()``, Ctrl-C) also sets ``terminate`` on the
+read); firing it (time limit, ``SbsWidget.stop()``, Ctrl-C or SIGTERM) also sets ``terminate`` on the
 onnxruntime ``RunOptions`` of the run's calls, which makes a call in flight (a Loop with a huge trip
 count, say) return with an error at its next node or iteration. A runtime that cannot be interrupted
 is waited for up to ``GRACE_SECONDS``, then abandoned (``background.renew``).
@@ -48,6 +48,7 @@ class Cancel:
     def __init__(self, time_limit: float | None = None):
         self.time_limit = check_time_limit(time_limit)
         self.reason: str | None = None
+        self.signal_name = "Ctrl-C"  # what interrupted the run (``ctrl_c`` sets SIGTERM)
         self.deadline: float | None = None
         self._timer: threading.Timer | None = None
         self._run_options = None  # onnxruntime.RunOptions shared by the run's calls
@@ -90,7 +91,7 @@ class Cancel:
             return RunTimeout(f"time limit of {self.time_limit:g} s reached{at}; the records computed so far "
                               "are kept. Raise time_limit (CLI --time-limit) for a longer run, or see why that "
                               "node takes so long (a Loop with a huge trip count, say)", self.reason, where)
-        what = "interrupted (Ctrl-C)" if self.reason == INTERRUPTED else "stopped"
+        what = f"interrupted ({self.signal_name})" if self.reason == INTERRUPTED else "stopped"
         return RunCancelled(f"run {what}{at}; the records computed so far are kept", self.reason, where)
 
     def run_options(self, ort):
@@ -143,11 +144,16 @@ def failed_node(error: BaseException) -> str:
     return f"{m.group(1)} node {m.group(2)!r}" if m else ""
 
 
+# The signals that interrupt a run: Ctrl-C, and SIGTERM (``kill``, a job scheduler, a container
+# stopping), which would otherwise end the process at once, without the records computed so far.
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class ctrl_c:
-    """``with ctrl_c(token, on_stuck):`` the first Ctrl-C fires ``token`` at once, even while the main
-    thread is inside a runtime call (a watcher thread reads Python's signal wakeup fd); if the run has
-    not ended ``GRACE_SECONDS`` later, ``on_stuck()`` runs in the watcher (write what is computed)
-    and the process exits with 130. A second Ctrl-C raises KeyboardInterrupt as usual.
+    """``with ctrl_c(token, on_stuck):`` the first Ctrl-C or SIGTERM fires ``token`` at once, even
+    while the main thread is inside a runtime call (a watcher thread reads Python's signal wakeup fd);
+    if the run has not ended ``GRACE_SECONDS`` later, ``on_stuck()`` runs in the watcher (write what is
+    computed) and the process exits with 130. A second one raises KeyboardInterrupt as Ctrl-C does.
     Main thread only; elsewhere it does nothing."""
 
     def __init__(self, token: Cancel, on_stuck: Callable[[], None]):
@@ -164,21 +170,23 @@ class ctrl_c:
         os.set_blocking(write, False)
         self._write = write
         self._old_fd = signal.set_wakeup_fd(write)
-        self._old_handler = signal.signal(signal.SIGINT, self._handler)
+        self._old_handlers = {s: signal.signal(s, self._handler) for s in SIGNALS}
         threading.Thread(target=self._watch, name="sbs-ctrl-c", daemon=True).start()
         return self
 
     def _handler(self, signum, frame) -> None:
         # (the watcher fires the token on the same signal, earlier: the count is the handler's own)
         self._signals += 1
-        if self._signals > 1:  # the second Ctrl-C
+        if self._signals > 1:  # the second Ctrl-C (or SIGTERM)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
-        self._fire()
+        self._fire(signum)
 
-    def _fire(self) -> None:
+    def _fire(self, signum: int) -> None:
         if not self.fired:
             self.fired = True
+            if signum == signal.SIGTERM:
+                self.token.signal_name = "SIGTERM"
             self.token.cancel(INTERRUPTED)
             threading.Thread(target=self._deadline, name="sbs-ctrl-c-grace", daemon=True).start()
 
@@ -188,8 +196,9 @@ class ctrl_c:
                 data = os.read(self._read, 64)
                 if not data:  # the write end closed: the run is over
                     return
-                if signal.SIGINT in data:
-                    self._fire()
+                fired = next((s for s in SIGNALS if s in data), None)
+                if fired is not None:
+                    self._fire(fired)
         except OSError:
             return
         finally:
@@ -209,7 +218,8 @@ class ctrl_c:
         self._done.set()
         if not self.active:
             return
-        signal.signal(signal.SIGINT, self._old_handler)
+        for s, old in self._old_handlers.items():
+            signal.signal(s, old)
         signal.set_wakeup_fd(self._old_fd)
         os.close(self._write)  # the watcher reads the end of the pipe and closes its end
 

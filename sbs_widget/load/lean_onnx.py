@@ -30,6 +30,7 @@ import onnx
 
 from sbs_widget.dtypes import ONNX_TO_NUMPY
 from sbs_widget.errors import LoadError
+from sbs_widget.load.onnx_checks import check_tensor, expected_bytes
 
 # Initializers from this many bytes on are left in the file; the smaller ones (shapes, axes, scalars:
 # everything segments copy into their models) keep their bytes in the message.
@@ -132,7 +133,7 @@ def _lean_tensor(buf, start: int, end: int, location: str) -> tuple[list, tuple 
             external = True
     if raw is None or external or name is None or raw[1] < BIG or raw[1] != _expected_bytes(data_type, dims) \
             or math.prod(dims) <= KEEP_ELEMENTS:
-        return [buf[start:end]], None  # kept: small, already external, or sized wrong (check_initializers says so)
+        return [buf[start:end]], None  # kept: small, already external, or sized wrong (check_tensor says so)
     pieces = []
     for field, _, rec_start, _, stop in _fields(buf, start, end):
         if field != _T_RAW and field != _T_LOCATION:
@@ -352,6 +353,7 @@ def read_lean(path: str) -> tuple[onnx.ModelProto, InitializerFile]:
             continue
         info = {e.key: e.value for e in t.external_data}
         where = f"ONNX model {path!r}: initializer {t.name!r}"
+        check_tensor(t, f"initializer {t.name!r}", f"ONNX model {path!r}")  # dims and type, before any read
         try:
             fd = _open_external(base_dir, info.get("location", ""), t.name)
             offset = int(info.get("offset") or 0)
@@ -365,7 +367,7 @@ def read_lean(path: str) -> tuple[onnx.ModelProto, InitializerFile]:
             raise LoadError(f"{where} reads bytes {offset} to {offset + length} of {info.get('location')!r}, "
                             f"which holds {file_size}: the data file is truncated or belongs to another model; "
                             "export or save the model again")
-        expected = _expected_bytes(t.data_type, list(t.dims))
+        expected = expected_bytes(t.data_type, t.dims)  # every fixed-size type, bfloat16 and 4-bit too
         if expected is not None and length != expected:
             os.close(fd)
             raise LoadError(

@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from sbs_widget.dtypes import ONNX_TO_NUMPY
+from sbs_widget.errors import LoadError
 from sbs_widget.load.lean_onnx import InitializerFile, model_with_data, with_data
 from sbs_widget.strings import shape_type
 
@@ -304,11 +305,17 @@ class OnnxIndex:
         dtype = ONNX_TO_NUMPY.get(t.data_type)
         if self.in_file(name) and dtype is not None and sys.byteorder == "little":
             return self.data.array(name, dtype, tuple(t.dims)), None
-        if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \
-                and sys.byteorder == "little":
-            raw = t.raw_data
-            return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims)), raw
-        return numpy_helper.to_array(t), None
+        try:  # ``onnx_checks.check_tensor`` refused malformed tensors when the model was loaded: this
+            # only keeps a tensor edited since from ending in a raw numpy error
+            if dtype is not None and t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") \
+                    and sys.byteorder == "little":
+                raw = t.raw_data
+                return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims)), raw
+            return numpy_helper.to_array(t), None
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+            raise LoadError(f"ONNX initializer {name!r} cannot be read as its shape {list(t.dims)} and type say "
+                            f"({type(e).__name__}: {e}); the file is corrupt or was edited: export the model "
+                            "again") from e
 
     def in_file(self, name: str) -> bool:
         """Whether initializer ``name`` was left in its file (its TensorProto describes external data)."""

@@ -81,8 +81,8 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
     >>> p.stat().st_size > 10_000
     True
     """
+    from sbs_widget.safe_files import output_path
     from sbs_widget.views.runs import Run
-    from sbs_widget.views.safe_text import atomic_path
     from sbs_widget.views.view_state import finished_run, view_state
 
     if hasattr(records, "save_html"):  # a widget: its runs, as it shows them
@@ -103,6 +103,6 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
         bundle=base64.b64encode(_BUNDLE.read_bytes()).decode("ascii"),
     )
     path = pathlib.Path(path)
-    with atomic_path(path) as tmp:  # a failed write leaves no half page
+    with output_path(path) as tmp:  # a failed write leaves no half page; a link at path is replaced
         pathlib.Path(tmp).write_text(page, encoding="utf-8")
     return path
