@@ -357,3 +357,16 @@ def test_dump_metadata_too_large(tmp_path):
     del dump, prop
     with pytest.raises(LoadError, match="dump metadata of .* characters, over the"):
         sbs_widget.load_dump(tmp_path / "big.onnx")
+
+
+def test_compare_dump_checks_its_onnx_file(pair, tmp_path):
+    """``compare_dump`` reads its ONNX model through the same checks as every model path."""
+    _, model, x = pair
+    bad = _copy(model)
+    too_few_values(_weight(bad))
+    onnx.save(bad, tmp_path / "bad.onnx")
+    lin = torch.nn.Linear(4, 4)
+    with sbs_widget.steal_forward([("lin", lin)]) as stolen:
+        lin(torch.ones(2, 4))
+    with pytest.raises(LoadError, match="'w'"):
+        list(sbs_widget.compare_dump(stolen, tmp_path / "bad.onnx"))

@@ -111,6 +111,17 @@ def test_compare_output_link_is_replaced(files, tmp_path):
     assert len(pd.read_csv(tmp_path / "out.csv")) > 1
 
 
+def test_graphs_page_link_is_replaced(files, tmp_path):
+    from sbs_widget.graphs.page import write_graphs_html
+
+    folder, _, onx, _ = files
+    targets = _plant(tmp_path, ["graphs.html", "dangling.html"], tmp_path / "outside")
+    prepared = sbs_widget.prepare(str(folder / "model.pt2"), onx)
+    for name in targets:
+        write_graphs_html(tmp_path / name, prepared)
+    _untouched(tmp_path, targets)
+
+
 def test_dump_file_link_is_replaced(tmp_path):
     targets = _plant(tmp_path, ["dump.onnx", "dangling.onnx"], tmp_path / "outside")
     model = Small()

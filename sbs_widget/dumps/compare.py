@@ -21,7 +21,7 @@ from sbs_widget.dumps.steal import ForwardStealer, flatten_tensors, load_dump
 from sbs_widget.engine.metrics import EMPTY_NOTE, beyond_where, compute_errors, same_shape
 from sbs_widget.engine.runtimes import exact_numpy, ort_array, ort_value
 from sbs_widget.engine.tolerance import checked, least_precise_float, resolve
-from sbs_widget.errors import InputError, LoadError
+from sbs_widget.errors import InputError
 from sbs_widget.load.onnx_index import SCOPES_KEY, module_paths
 from sbs_widget.records import ERROR, KIND_NODE, KIND_OUTPUT, MISMATCH, OK, ONE_SIDED, Record
 from sbs_widget.strings import string_type
@@ -153,11 +153,9 @@ def compare_dump(dump, onx, *, atol: float | None = None, rtol: float | None = N
         dump = dump.storage
     elif not isinstance(dump, dict):
         dump = load_dump(dump)
-    if not isinstance(onx, onnx.ModelProto):
-        try:
-            onx = onnx.load(str(onx))
-        except Exception as e:
-            raise LoadError(f"cannot read ONNX model {onx}: {e}") from e
+    from sbs_widget.load.readers import load_onnx_model  # checked as any model file is (load/onnx_checks.py)
+
+    onx = load_onnx_model(onx)
     keys = list(dump)
     if not keys:
         raise InputError("the dump is empty: nothing was stolen")

@@ -3,13 +3,14 @@ one step per node, timing per node, and the caller decides when values are freed
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
 from torch.fx.immutable_collections import immutable_list
 from torch.fx.node import map_arg
 
-from sbs_widget.errors import InputError
+from sbs_widget.errors import InputError, RunCancelled
 from sbs_widget.load.mapped_weights import PagesRead
 
 
@@ -162,6 +163,8 @@ def _call_plan(node: torch.fx.Node, device: torch.device | None = None) -> tuple
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         target = target._op  # what OpOverload.__call__ calls: one Python frame less per node
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        target = _CheckedHop(target, node.name)
     if not kwargs:
         return target, _arg_plan(node.args, device), (), ()
     return target, _arg_plan(node.args, device), _arg_plan(kwargs.values(), device), tuple(kwargs)
@@ -225,6 +228,7 @@ class FxRunner:
         self._plans = {} if plans is None else plans  # position -> call plan; shareable between runs
         # (on the same device)
         self.pages: tuple[dict[int, int], PagesRead] | None = None  # (see hand_back_pages)
+        self.cancel = None  # the run's Cancel token (engine/cancel.py), which loops check (_CheckedHop)
 
     def hand_back_pages(self, files) -> None:
         """Weights mapped from their file (``files``, load/mapped_weights.py): hand their pages back
@@ -269,6 +273,8 @@ class FxRunner:
         pages = self.pages
         position = self.position
         end = min(stop + 1, len(nodes))
+        token = getattr(_running, "cancel", None)
+        _running.cancel = self.cancel
         try:
             # No autograd (saved tensors would keep every intermediate alive), and inference mode: no
             # version counters or view tracking, ~14% less dispatch time per op on small models.
@@ -297,6 +303,8 @@ class FxRunner:
                                 value = target(*args, **dict(zip(k_names, kwargs)))
                             else:
                                 value = target(*args)
+                        except RunCancelled:  # a loop stopped (_CheckedHop): the run ends, not the node
+                            raise
                         except Exception as e:
                             return f"while executing FX node {node.name!r} ({node.target}): {type(e).__name__}: {e}"
                     elif op in ("placeholder", "output"):
@@ -319,6 +327,7 @@ class FxRunner:
                             if name in env and (release_get is None or release_get(name, -1) <= current):
                                 del env[name]
         finally:
+            _running.cancel = token
             self.position = position
             if single:
                 torch.set_num_threads(threads)
@@ -342,6 +351,55 @@ class FxRunner:
     @property
     def done(self) -> bool:
         return self.position >= len(self.nodes)
+
+
+_running = threading.local()  # the Cancel token of the run_to call in progress on this thread
+
+
+class _CheckedHop:
+    """A higher-order operator node's target. The loops (while_loop, scan, map_impl) call their
+    subgraphs once per iteration inside one node, and a crafted bound makes that node run for ever:
+    checked once per segment, the run's time limit and stop button would never be read. So each
+    subgraph is handed over wrapped (``_Iteration``): every call checks the Cancel token of the run
+    (``FxRunner.cancel``) and raises its ``RunTimeout`` / ``RunCancelled``, as the ONNX side does."""
+
+    def __init__(self, hop: torch._ops.HigherOrderOperator, name: str):
+        self.hop, self.where = hop, f"at FX node {name!r} (in a {hop.name()} of the torch program)"
+
+    def __call__(self, *args, **kwargs):
+        token = getattr(_running, "cancel", None)
+        if token is None:
+            return self.hop(*args, **kwargs)
+        args = [_Iteration(a, token, self.where) if isinstance(a, torch.fx.GraphModule) else a for a in args]
+        return self.hop(*args, **kwargs)
+
+
+class _Iteration:
+    """A subgraph of a higher-order operator that checks the run's Cancel token at each call; one
+    holding control flow of its own is run by an interpreter that wraps that one's subgraphs too."""
+
+    def __init__(self, gm: torch.fx.GraphModule, token, where: str):
+        self.gm, self.token, self.where = gm, token, where
+        self.nested = any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)
+
+    def __call__(self, *args):
+        self.token.check(self.where)
+        if not self.nested:
+            return self.gm(*args)
+        return _Nested(self.gm, self.token, self.where).run(*args)
+
+
+class _Nested(torch.fx.Interpreter):
+    def __init__(self, gm, token, where):
+        super().__init__(gm)
+        self.extra_traceback = False  # (it would rewrite the message of the RunTimeout raised inside)
+        self.token, self.where = token, where
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            args = tuple(_Iteration(a, self.token, self.where) if isinstance(a, torch.fx.GraphModule) else a
+                         for a in args)
+        return super().call_function(target, args, kwargs)
 
 
 def program_outputs(program: torch.export.ExportedProgram) -> list:

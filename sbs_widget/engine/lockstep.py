@@ -52,6 +52,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
         self.scratch = Scratch()  # the metrics' work buffers, for the whole run
         self.runner = FxRunner(p.decomposed_ep, p.small_fx_nodes, p.fx_plans.setdefault(device, {}), device)
         self.runner.hand_back_pages(p.weight_files)
+        self.runner.cancel = self.cancel  # checked by the torch side's loops too (fx_runner._CheckedHop)
         self.onnx_env: dict[str, object] = {}
         self._finer: dict[tuple, object] = {}  # finer references of the segment being measured (inner_run.py)
         self._apart: dict[str, object] = {}  # its inner values recomputed apart (half precision)

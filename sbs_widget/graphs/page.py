@@ -14,6 +14,7 @@ from typing import Iterable
 from sbs_widget.errors import SbsError
 from sbs_widget.graphs.dot import dot_sources
 from sbs_widget.records import Record
+from sbs_widget.safe_files import write_text
 from sbs_widget.views.shared_rules import json_value
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "graphs_page.js"
@@ -42,6 +43,6 @@ def write_graphs_html(path, prepared, records: Iterable[Record] | None = None, *
         f'<script type="module">{script}</script>\n</body></html>\n'
     )
     out = pathlib.Path(path)
-    out.write_text(page, encoding="utf-8")
+    write_text(out, page)  # a link at that name is replaced, never written through
     return out
 

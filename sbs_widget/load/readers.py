@@ -24,6 +24,7 @@ import torch
 from sbs_widget.errors import InputError, LoadError, ModelMismatchError
 from sbs_widget.load.lean_onnx import InitializerFile, Malformed, read_lean
 from sbs_widget.load.onnx_checks import check_model
+from sbs_widget.load.operators import check_operators
 from sbs_widget.load.plain_files import check_regular_file, check_zip_stored
 from sbs_widget.load.pt2_checks import check_pt2, drop_guards
 from sbs_widget.load.untrusted import (
@@ -55,6 +56,7 @@ def load_exported_program(ep) -> torch.export.ExportedProgram:
             program, errors = load_program(path)  # a KV cache, say
             missing = next(filter(None, map(unregistered_type, errors)), None)
         if program is not None:
+            check_operators(program, repr(path))  # running it computes only (no file, print, write of its inputs)
             drop_guards(program)
             return program
         if missing is not None:
