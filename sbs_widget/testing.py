@@ -10,7 +10,7 @@ what a reviewer needs: the verdict, the worst outputs, the first culprit with it
 it is rounding, the tolerance used, and the code that opens the same comparison in the widget. Under
 pytest the frames of this module are hidden from the traceback, and ``-x`` stops at the first failure
 as for any assertion. Its cost over ``run_aligned`` on a passing run is one pass over the records
-(``benchmarks/assert_cost.py``); a failing run adds the culprit finder.
+(``benchmarks/assert_cost.py``); a failing run adds the culprit finder over its records.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class AlignmentError(AssertionError):
 def assert_aligned(model_or_ep, onx=None, inputs=(), *, kwargs: dict | None = None, atol: float | None = None,
                    rtol: float | None = None, fail_on: str = "noise", runtime="onnxruntime",
                    node_local: bool = False, reference: bool = True, time_limit: float | None = None,
-                   report=None, top: int = 3, msg: str | None = None, export_options: dict | None = None) -> None:
+                   report=None, top: int = 3, msg: str | None = None, export_options: dict | None = None,
+                   refine: bool = False) -> None:
     """Assert that the ONNX model computes what the program computes, value by value.
 
     - ``model_or_ep``: a ``torch.nn.Module`` (exported here on ``inputs``: ``export_module`` with
@@ -74,7 +75,11 @@ def assert_aligned(model_or_ep, onx=None, inputs=(), *, kwargs: dict | None = No
     - ``runtime``, ``node_local``, ``reference``, ``time_limit``: as for ``run_aligned``;
     - ``report``: a path (``.json`` or ``.md``) to write the report to when the assertion fails (the
       environment variable ``SBS_WIDGET_REPORT_DIR`` names a folder for them all);
-    - ``top``: culprits quoted; ``msg``: a first line of your own.
+    - ``top``: culprits quoted; ``msg``: a first line of your own;
+    - ``refine``: on a failure, also look inside the ONNX translation of the culprit's FX node for the
+      node where the difference starts (``blame/finer.py``: reruns part of the torch program, about the
+      cost of a run; ``culprits()`` and ``check`` do). Off by default: a failure then costs the run and
+      the culprit finder over its records, under a tenth of the run.
 
     Bad input (unreadable file, inputs that do not fit) raises the ``SbsError`` it raises in
     ``run_aligned``, not an ``AssertionError``.
@@ -93,7 +98,8 @@ def assert_aligned(model_or_ep, onx=None, inputs=(), *, kwargs: dict | None = No
     if not verdict.fails(fail_on):
         return None
     # --- failing: the culprits and the message (the passing path above costs one pass over the records)
-    culprits = _culprits(records, prepared, args, kwargs, atol, rtol, top) if verdict.outcome == MISMATCH else []
+    culprits = (_culprits(records, prepared, args, kwargs, atol, rtol, top, refine) if verdict.outcome == MISMATCH
+                else [])
     sources = {"ep": _source(model_or_ep), "onnx": _source(onx), "inputs": _source(inputs)}
     report_path = _report_path(report)
     message = failure_message(records, verdict, culprits, atol=atol, rtol=rtol, fail_on=fail_on,
@@ -142,13 +148,15 @@ def _programs(model_or_ep, onx, args, kwargs, export_options):
                           stage=0) from e
 
 
-def _culprits(records, prepared, args, kwargs, atol, rtol, top):
+def _culprits(records, prepared, args, kwargs, atol, rtol, top, refine):
     from sbs_widget.blame.culprits import Culprits, find_culprits
     from sbs_widget.blame.finer import refine_culprits
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = find_culprits(records, top=max(top, 1), prepared=prepared, atol=atol, rtol=rtol)
+        if not refine:
+            return list(found)
         try:
             refined = Culprits(refine_culprits(found, prepared, args, kwargs, atol, rtol))
         except Exception:  # the culprits as found are still an answer
