@@ -368,3 +368,14 @@ def test_model_over_2gb_with_external_data(tmp_path):
     table = next(r for r in records if r.kind == "weight" and r.onnx_name == "table.weight")
     assert table.status == "ok" and table.n_elements == 4_200_000 * 128
     assert np.isfinite(table.err_abs)
+
+
+def test_inputs_as_a_dict_are_keyword_inputs_bound_by_name():
+    """A tokenizer's dict (``model(**inputs)``) names inputs the model was exported with positionally."""
+    ep, prog, args, kwargs = exported("bert", False)
+    as_dict = {"input_ids": args[0], **kwargs}
+    by_dict = list(sbs_widget.run_aligned(ep, prog.model_proto, as_dict))
+    by_args = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
+    assert [(r.ep_name, r.status, r.err_abs) for r in by_dict] == [(r.ep_name, r.status, r.err_abs) for r in by_args]
+    with pytest.raises(sbs_widget.InputError, match="given twice"):
+        list(sbs_widget.run_aligned(ep, prog.model_proto, as_dict, {"attention_mask": kwargs["attention_mask"]}))

@@ -33,8 +33,24 @@ def dead_nodes(graph: torch.fx.Graph) -> set[str]:
     return {n.name for n in dead}
 
 
+def positional_by_name(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with the keyword inputs that the program takes positionally moved into
+    ``args``: a tokenizer's dict names ``input_ids``, which the model was exported with as a
+    positional input (torch.export matches keywords to keyword inputs only)."""
+    try:
+        names = list(program.module_call_graph[0].signature.forward_arg_names)
+        positional = program.call_spec.in_spec.children_specs[0].num_children
+    except (AttributeError, IndexError, TypeError):
+        return args, kwargs
+    wanted = names[len(args):positional]
+    if not wanted or not all(n in kwargs for n in wanted):
+        return args, kwargs
+    return tuple(args) + tuple(kwargs[n] for n in wanted), {k: v for k, v in kwargs.items() if k not in wanted}
+
+
 def flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> list:
     """Values for the graph's placeholders, in order: parameters, buffers, constants, user inputs."""
+    args, kwargs = positional_by_name(program, args, kwargs)
     try:
         return list(program._graph_module_flat_inputs(args, kwargs))
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
