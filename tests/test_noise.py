@@ -293,3 +293,17 @@ def test_the_program_in_float64_advances_with_the_run_and_judges_pairs_first(lou
     shadow.advance(len(p.fx_nodes), keep=names)
     assert shadow.get(mid) is None  # freed after its last reader
     assert torch.equal(shadow.get(names[0]), whole[names[0]])
+
+
+def test_dynamic_program_judged_with_torchs_thread_pool():
+    """A dynamic export's recorded sizes are symbolic: the float64 reference counts them at their example
+    values to choose torch's threads (comparing the symbolic count guarded on it and failed)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            ep, prog, args, kwargs = zoo.export("loud_convnet", optimize=True, dynamic=True)
+        records = list(sbs_widget.run_aligned(ep, prog.model_proto, args, kwargs))
+    finally:
+        torch.set_num_threads(threads)
+    assert "noise" in {r.status for r in records} and records[-1].kind == "output"

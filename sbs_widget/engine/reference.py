@@ -17,7 +17,7 @@ import operator
 import torch
 from torch.fx.node import map_aggregate
 
-from sbs_widget.engine.fx_runner import weight_reads
+from sbs_widget.engine.fx_runner import numel_hint, weight_reads
 from sbs_widget.load.mapped_weights import PagesRead
 
 REFERENCE_DTYPE = torch.float64
@@ -121,7 +121,9 @@ SMALL = 1 << 16  # elements: below this, torch's thread pool costs more than it 
 
 
 def _numel(value) -> int:
-    return value.numel() if isinstance(value, torch.Tensor) else SMALL
+    """Elements of ``value``: a dynamic program's recorded ``meta['val']`` counted at its example sizes
+    (comparing a symbolic count would guard on it, and fail)."""
+    return numel_hint(value) if isinstance(value, torch.Tensor) else SMALL
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import io
 import os
 import warnings
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import onnx
@@ -135,7 +136,8 @@ def _load_onnx_file(onx, eager: bool) -> tuple[onnx.ModelProto, InitializerFile 
 
 
 def load_inputs(args, kwargs) -> tuple[tuple, dict]:
-    """Normalize inputs; ``args`` may be a path to a file saved with ``torch.save``.
+    """Normalize inputs; ``args`` may be a path to a file saved with ``torch.save``, or a dict of
+    keyword inputs (a tokenizer's output, say).
 
     The file may hold a tuple/list of args, a dict of kwargs, a single tensor, or a pair
     ``(args, kwargs)``.
@@ -169,6 +171,11 @@ def load_inputs(args, kwargs) -> tuple[tuple, dict]:
                 "model's positional inputs, a dict of its keyword inputs, a pair (args, kwargs) or one tensor")
     elif args is None:
         args = ()
+    elif isinstance(args, Mapping):  # keyword inputs, as transformers users pass them (model(**inputs))
+        overlap = sorted(set(args) & set(kwargs or {}))
+        if overlap:
+            raise InputError(f"inputs {overlap} are given twice: in the dict of inputs and in kwargs")
+        args, kwargs = (), {**args, **(kwargs or {})}
     elif isinstance(args, torch.Tensor):
         args = (args,)
     elif isinstance(args, list):
