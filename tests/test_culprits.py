@@ -201,3 +201,29 @@ def test_two_computing_nodes_of_a_translation_are_told_apart_by_torchs_decomposi
     assert "decomposition" in found[0].reason and "'sigmoid'" in found[0].reason
     # a correct export: no culprit, nothing refined
     assert sbs_widget.culprits(ep, model, args, kwargs) == []
+
+
+class ScaledSquareLinear(torch.nn.Module):
+    """``F.linear(x, w * 0.5)`` with a square weight, as RWKV rescales its layers: the optimizer folds
+    ``(w * 0.5).T`` into one initializer, whose shape is also ``w * 0.5``'s."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 16))
+        self.b = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.w * 0.5, self.b).relu()
+
+
+def test_square_weight_folded_transposed_is_no_culprit():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16)
+    ep, prog = export_module(ScaledSquareLinear().eval(), (x,), optimize=True)
+    folded = [i.name for i in prog.model_proto.graph.initializer if list(i.dims) == [16, 16]]
+    assert len(folded) == 1 and folded[0] != "w", "the optimizer folded the scaled weight"
+    records = list(sbs_widget.run_aligned(ep, prog.model_proto, (x,)))
+    assert not [r for r in records if r.status == "mismatch"], [(r.ep_name, r.onnx_name) for r in records]
+    assert sbs_widget.culprits(ep, prog.model_proto, (x,)) == []
+    # the folded weight is still compared, where the program transposes it
+    assert any(r.kind == "inner" and r.onnx_name == folded[0] and r.status == "ok" for r in records)

@@ -26,7 +26,7 @@ import operator
 import torch
 
 from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
-from sbs_widget.align.initializers import is_literal_of, stored_transposed
+from sbs_widget.align.initializers import is_literal_of, read_transposed, stored_transposed
 from sbs_widget.align.twinless import (
     alias_no_ops,
     alias_reshape_inputs,
@@ -416,6 +416,8 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                         continue  # a constant folded from other values (a mask of the same shape)
                     if is_literal_of(x, user, index):
                         continue  # the translation of the consumer's own literal (where(m, x, -3.4e38))
+                    if read_transposed(x, node, user, i, index):
+                        continue  # a linear's weight folded transposed: its layout, not its value
                     if shape_matches(val, index.types.get(x), info.shape_type):
                         candidates.append(x)
         folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
