@@ -72,6 +72,11 @@ def test_a_correct_export_passes_silently(llm):
 def test_a_module_is_exported_and_compared():
     model, inputs = sbs_widget.dummy_llm()
     assert_aligned(model, None, inputs)
+    onx = sbs_widget.export_module(model, inputs).model_proto  # the module with its saved ONNX model
+    assert_aligned(model, onx, inputs)
+    _, bad, _, _ = demo_pair()
+    text, _ = _message(model, bad, inputs)
+    assert "'node_add_2'" in text and "sbs_widget.SbsWidget(torch.export.export(model, inputs), onx" in text
 
 
 def test_rounding_only_says_so_and_passes_with_fail_on_mismatch():

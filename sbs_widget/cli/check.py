@@ -93,6 +93,11 @@ def _check(args) -> int:
         return _run(args, files)
     except SbsError as e:
         return bad(str(e))
+    except Exception as e:  # a crash is no verdict on the model: never exit 1 (mismatch) or 0 for it
+        import traceback
+
+        traceback.print_exc()
+        return bad(f"the comparison failed: {type(e).__name__}: {e}")
 
 
 def _run(args, files) -> int:
