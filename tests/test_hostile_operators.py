@@ -280,6 +280,16 @@ def test_endless_while_loop_ends_at_the_time_limit(tmp_path):
     assert any(r.kind == "input" for r in records), "the records computed so far are kept"
 
 
+def test_the_float64_reference_runs_no_loop():
+    """The verdicts' float64 reruns (engine/reference.py) run outside the run's Cancel token: control
+    flow has no reference there, so a crafted bound cannot hang them."""
+    from sbs_widget.engine.reference import has_reference
+
+    ep = torch.export.export(Loop(), (torch.randn(3, 4),))
+    loops = [n for n in ep.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    assert loops and not any(has_reference(n) for n in loops)
+
+
 class NestedLoop(torch.nn.Module):
     def forward(self, x, n):
         def loop(t, n):

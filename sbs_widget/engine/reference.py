@@ -50,8 +50,9 @@ def upcast(value):
 
 
 def has_reference(node: torch.fx.Node) -> bool:
-    """Whether ``node`` can be rerun in float64 at all (a call, not random)."""
-    if node.op != "call_function":
+    """Whether ``node`` can be rerun in float64 at all (a call, not random, not control flow: a loop's
+    subgraphs run outside the run's Cancel token here, and a crafted bound never ends)."""
+    if node.op != "call_function" or isinstance(node.target, torch._ops.HigherOrderOperator):
         return False
     name = getattr(node.target, "__name__", str(node.target))
     return not any(word in name for word in _NOT_MATH)
