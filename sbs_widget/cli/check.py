@@ -22,8 +22,15 @@ from __future__ import annotations
 
 import sys
 
-from sbs_widget.cli.options import ATOL_HELP, EP_HELP, INPUTS_HELP, ONNX_HELP, add_runtime, add_time_limit
-from sbs_widget.engine.tolerance import cli_tolerance
+from sbs_widget.cli.options import (
+    ATOL_HELP,
+    EP_HELP,
+    INPUTS_HELP,
+    ONNX_HELP,
+    add_runtime,
+    add_time_limit,
+    cli_tolerance,
+)
 
 REPORTS = (".json", ".md")
 BAD_INPUT = 2
@@ -33,7 +40,11 @@ def register_cli(sub) -> None:
     p = sub.add_parser("check", help="a CI gate: exit 0 agree, 1 mismatch, 2 bad input, 3 rounding only",
                        description="Compare the program and its ONNX export and exit with a code CI can read: "
                                    "0 agree, 1 mismatch (beyond tolerance and rounding), 2 cannot judge (bad "
-                                   "input), 3 only rounding beyond tolerance (with --fail-on noise, the default).")
+                                   "input), 3 only rounding beyond tolerance (with --fail-on noise, the default).",
+                       epilog="exit codes: 0 agree; 1 mismatch; 2 cannot judge: bad input (a file missing, corrupt "
+                              "or refused, inputs that do not fit the model), a run ended early, or a usage error (a "
+                              "bad option, an output format whose package is missing); 3 only rounding beyond "
+                              "tolerance (--fail-on noise).")
     p.add_argument("ep", nargs="?", metavar="EP", help=EP_HELP)
     p.add_argument("onnx", nargs="?", metavar="ONNX", help=ONNX_HELP)
     p.add_argument("inputs", nargs="?", metavar="INPUTS", help=INPUTS_HELP)

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from sbs_widget.cli.options import add_model_files, add_runtime, add_time_limit, add_tolerance
+from sbs_widget.cli.options import add_model_files, add_runtime, add_time_limit, add_tolerance, report_exit_codes
 from sbs_widget.engine.cancel import INTERRUPTED, Cancel, ctrl_c
 from sbs_widget.errors import InputError, RunCancelled
 
@@ -22,14 +22,18 @@ WRITERS = (".csv", ".xlsx", ".parquet", ".html", ".json", ".md")
 def register_cli(sub) -> None:
     p = sub.add_parser("compare", help="compare an ExportedProgram with its ONNX export, value by value",
                        description="Run the .pt2 program and the ONNX model in lockstep and compare every "
-                                   "aligned pair of intermediate values.")
+                                   "aligned pair of intermediate values.",
+                       epilog=report_exit_codes("the comparison ran to the end (its summary printed, -o written)",
+                                                time_limit=True))
     add_model_files(p)
     _common(p)
     p.set_defaults(func=_compare)
 
     d = sub.add_parser("demo", help="export the built-in dummy_llm, inject a fault and compare",
                        description="A self-contained example: exports sbs_widget.dummy_llm() to ONNX, "
-                                   "replaces one Add by Sub in the ONNX model, and compares.")
+                                   "replaces one Add by Sub in the ONNX model, and compares.",
+                       epilog=report_exit_codes("the demo ran to the end (the injected fault is found or not)",
+                                                time_limit=True))
     d.add_argument("--no-fault", action="store_true", help="compare the correct export")
     d.add_argument("--optimize", action="store_true", help="export with optimize=True")
     _common(d)

@@ -3,7 +3,8 @@
     python -m sbs_widget culprits --ep model.pt2 --onnx model.onnx --inputs inputs.pt [--json] [--top N]
     python -m sbs_widget repro --ep model.pt2 --onnx model.onnx --inputs inputs.pt --name NAME -o FOLDER [--force]
 
-``culprits`` exits with 0 whether or not culprits are found (an empty list on a correct export).
+``culprits`` exits with 0 whether or not culprits are found (an empty list on a correct export): it
+reports; ``check`` is the gate (exit 1 on a mismatch). It exits 1 when it cannot run (bad input; ``check``: 2).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import json
 
 from sbs_widget.cli.main import check_output_folder, positive_int
-from sbs_widget.cli.options import add_model_files, add_runtime, add_tolerance
+from sbs_widget.cli.options import add_model_files, add_runtime, add_tolerance, report_exit_codes
 
 
 def register_cli(sub) -> None:
     p = sub.add_parser("culprits", help="rank the ONNX nodes where the discrepancy starts",
                        description="Run both sides with node-local errors and name the nodes where errors "
-                                   "originate, most likely first, each with a reason.")
+                                   "originate, most likely first, each with a reason.",
+                       epilog=report_exit_codes("the list was printed, empty or not"))
     _files(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, most likely first")
     p.add_argument("--top", type=positive_int, default=10,
@@ -26,7 +28,8 @@ def register_cli(sub) -> None:
 
     r = sub.add_parser("repro", help="write a minimal ONNX model + data + replay.py reproducing one culprit",
                        description="Cut the ONNX node (or fused group) computing NAME into its own model, "
-                                   "with the torch inputs and expected outputs, and a replay.py script.")
+                                   "with the torch inputs and expected outputs, and a replay.py script.",
+                       epilog=report_exit_codes("the bundle was written"))
     _files(r)
     r.add_argument("--name", required=True, help="ONNX value, ONNX node or FX node name (e.g. a culprit's)")
     r.add_argument("-o", "--output", required=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import collections
 
-from sbs_widget.cli.options import add_model_files, add_tolerance
+from sbs_widget.cli.options import DUMP_ATOL_HELP, INTERRUPTED_EXIT, USAGE_EXIT, add_model_files, add_tolerance
 
 
 def register_cli(subparsers) -> None:
@@ -15,11 +15,14 @@ def register_cli(subparsers) -> None:
         help="compare the module outputs of a steal_forward dump with an ONNX model, module by module",
         description="Compare each module output stored by steal_forward(dump_file=...) with the ONNX value "
                     "ending that module's scope (torch.onnx.export(..., dynamo=True) models).",
+        epilog="exit codes: 0 every module output compared agrees; 1 a module output is a mismatch, or the "
+               "comparison could not run (a dump or model missing, corrupt or refused: the error line says which); "
+               f"{USAGE_EXIT}; {INTERRUPTED_EXIT}.",
     )
     p.add_argument("--dump", required=True, help="dump file written by steal_forward")
     add_model_files(p, ep=False, onnx_help="ONNX model exported with dynamo=True", inputs="none")
     p.add_argument("-o", "--output", help="write one row per record; format by extension: .csv, .xlsx, .parquet")
-    add_tolerance(p, atol_help="default: 1e-4, or 3e-2 when the dump holds float16 values")
+    add_tolerance(p, atol_help=DUMP_ATOL_HELP)
     p.add_argument("--root-iteration", type=int, default=0, help="which call of the top-level module to use")
     p.set_defaults(func=_run)
 

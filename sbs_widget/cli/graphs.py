@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from sbs_widget.cli.options import add_model_files, add_tolerance
+from sbs_widget.cli.options import HelpFormatter, add_model_files, add_tolerance, report_exit_codes
 
 
 def register_cli(subparsers) -> None:
@@ -13,7 +11,8 @@ def register_cli(subparsers) -> None:
         help="write the FX and ONNX graphs, painted by error, to a self-contained HTML page",
         description="Draw the decomposed torch.export program and its ONNX model side by side; with "
         "--inputs, run the comparison first and paint every node by its error.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=report_exit_codes("the page was written"),
+        formatter_class=HelpFormatter,  # "(default: ...)" only where there is one
     )
     add_model_files(p, onnx_help="ONNX model (.onnx) exported from that program", inputs="optional",
                     inputs_help="inputs saved with torch.save (tuple of args, dict of kwargs or both); "
@@ -21,7 +20,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("-o", "--output", default="graphs.html", help="HTML file to write (.html or .htm; the "
                    "graphs are drawn by the page, there is no image output)")
     add_tolerance(p)
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="the page's title (default: EP vs ONNX, the file names)")
     p.set_defaults(func=_run)
 
 

@@ -2,6 +2,16 @@
 
 Each command lives next to the feature it drives; this module only collects them. A feature module
 exposes ``register_cli(subparsers)`` which adds its sub-parser and sets ``func`` (``args -> int``).
+Building the parser imports no torch, onnx or onnxruntime: ``--help`` answers at once; a command
+imports them when it runs.
+
+Exit codes (each command's ``--help`` says its own, docs/api.md lists them all): the commands that
+judge (``check``, ``deployed``) exit 0 agree, 1 differ, 2 cannot judge (bad input; ``check`` adds 3 for
+rounding only); ``steal-compare`` 0 agree, 1 a mismatch or bad input (as it always did); those that
+report (``compare``, ``demo``, ``culprits``, ``graph``, ``repro``) exit 0 when their report is out
+whatever it says, 1 when it could not be made. Every command:
+2 on a usage error (argparse, or an output format whose package is missing: said before any work),
+130 on Ctrl-C. A command whose errors mean "cannot judge" sets ``error_exit=2`` in its defaults.
 """
 
 from __future__ import annotations
@@ -10,6 +20,8 @@ import argparse
 import importlib
 import os
 import sys
+
+from sbs_widget.errors import InputError
 
 # Modules that contribute sub-commands, in help order.
 _COMMAND_MODULES = (
@@ -22,10 +34,21 @@ _COMMAND_MODULES = (
 )
 
 
+USAGE = 2  # argparse's own exit code on a usage error
+
+# The package each output format needs that is not a dependency of sbs_widget (a test extra): asked before
+# the run, not after it. Several names: any of them does (pandas tries pyarrow, then fastparquet).
+FORMAT_PACKAGES = {".xlsx": ("openpyxl",), ".parquet": ("pyarrow", "fastparquet")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sbs_widget",
         description="Compare a torch.export program with its ONNX export, value by value.",
+        epilog="exit codes: check and deployed judge: 0 agree, 1 differ, 2 cannot judge (bad input; check: 3 "
+               "rounding only); steal-compare: 0 agree, 1 a mismatch or bad input; compare, demo, culprits, graph "
+               "and repro report: 0 done whatever the values say, 1 could not be done (bad input); every command: 2 "
+               "usage error, 130 Ctrl-C. python -m sbs_widget COMMAND --help says each command's.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
@@ -46,7 +69,30 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SbsError as e:  # messages quote model names: no escape sequence reaches the terminal
         print(f"error: {visible(str(e), newlines=True)}", file=sys.stderr)
-        return 1
+        return USAGE if isinstance(e, CommandLineError) else int(getattr(args, "error_exit", 1))
+
+
+class CommandLineError(InputError):
+    """The command cannot run as given, like an argparse error (exit code 2): an output format whose
+    package is missing."""
+
+
+def check_format_package(path: str) -> None:
+    """Refuse, before any work, an output format whose writer needs a package that is not installed
+    (``FORMAT_PACKAGES``): ``pip install openpyxl`` rather than an ImportError after the whole run."""
+    import importlib
+
+    ext = os.path.splitext(path)[1].lower()
+    names = FORMAT_PACKAGES.get(ext, ())
+    for name in names:
+        try:
+            importlib.import_module(name)
+            return
+        except ImportError:
+            continue
+    if names:
+        raise CommandLineError(f"cannot write {path!r}: writing {ext} needs the package {names[0]}, which is not "
+                               f"installed: pip install {names[0]} (or write .csv, .json or .html, which need none)")
 
 
 def positive_int(text: str) -> int:
@@ -75,6 +121,7 @@ def check_output_file(path: str | None, extensions: tuple[str, ...]) -> None:
         raise InputError(f"cannot write {path!r}: it is a folder; give a file name such as "
                          f"{os.path.join(path, 'out' + extensions[0])!r}")
     _check_parent(path)
+    check_format_package(path)
 
 
 def check_output_folder(path: str, files: tuple[str, ...], force: bool) -> None:
