@@ -42,7 +42,7 @@ export function createProgress({ onWorst }) {
       if (fxTotal) parts.push(`FX ${fmtInt(fxDone)}/${fmtInt(fxTotal)}`);
       if (p.onnx_total) parts.push(`ONNX ${fmtInt(p.onnx_done || 0)}/${fmtInt(p.onnx_total)}`);
       parts.push(`${fmtInt(p.n_rows || 0)} records`);
-      if (p.elapsed !== undefined) parts.push(fmtSeconds(p.elapsed));
+      if (p.elapsed !== undefined && p.elapsed !== null) parts.push(fmtSeconds(p.elapsed));  // null: records computed elsewhere
       if (p.eta !== null && p.eta !== undefined && !p.finished) parts.push(`~${fmtSeconds(p.eta)} left`);
       text.textContent = parts.join(" · ");
       current.textContent = p.current && !p.finished ? visible(p.current) : "";

@@ -281,3 +281,22 @@ def test_demo_notebook_runs(tmp_path, monkeypatch):
     assert "'n_moved_in': 6" in outputs  # gelu, linear_5 and the MatMul inside it, add_3, linear_6, the output
     assert (tmp_path / "demo_run0.csv").stat().st_size > 1000
     assert (tmp_path / "demo_report.html").stat().st_size > 100_000
+
+
+def test_offline_page_lists_the_culprits_and_no_made_up_time(tmp_path, llm, altered):
+    """The offline page shows the culprits the widget found (it said "Culprits (0)"), and records computed
+    elsewhere carry their own time, or none (it said "0 ms")."""
+    program, inputs = llm
+    w = SbsWidget(program.exported_program, altered, inputs).wait(120)
+    assert w.culprits, "the altered initializer makes culprits"
+    page = w.save_html(tmp_path / "w.html").read_text(encoding="utf-8")
+    state = json.loads(page.split('id="sbs-data">')[1].split("</script>")[0])["state"]
+    assert [c["value"] for c in state["culprits"]] == [c["value"] for c in w.culprits]
+    page = write_html_report(w.records, tmp_path / "r.html").read_text(encoding="utf-8")
+    state = json.loads(page.split('id="sbs-data">')[1].split("</script>")[0])["state"]
+    assert state["culprits"], "found again from the records"
+    timed = sum((r.ep_time_run or 0) + (r.onnx_time_run or 0) for r in w.records)
+    assert state["progress"]["elapsed"] == pytest.approx(timed, abs=1e-3)
+    bare = [Record(ep_name="x", err_abs=0.0, status="ok")]
+    page = write_html_report(bare, tmp_path / "bare.html").read_text(encoding="utf-8")
+    assert json.loads(page.split('id="sbs-data">')[1].split("</script>")[0])["state"]["progress"]["elapsed"] is None

@@ -39,7 +39,8 @@ def positional_by_name(program: torch.export.ExportedProgram, args: tuple, kwarg
     positional input (torch.export matches keywords to keyword inputs only)."""
     try:
         names = list(program.module_call_graph[0].signature.forward_arg_names)
-        positional = program.call_spec.in_spec.children_specs[0].num_children
+        spec = program.call_spec.in_spec
+        positional = (spec.child(0) if hasattr(spec, "child") else spec.children_specs[0]).num_children
     except (AttributeError, IndexError, TypeError):
         return args, kwargs
     wanted = names[len(args):positional]

@@ -18,8 +18,9 @@ from typing import Callable
 
 from sbs_widget.engine.background import renew
 from sbs_widget.engine.cancel import TIMEOUT, Cancel
+from sbs_widget.engine.shutdown import track
 from sbs_widget.errors import RunCancelled
-from sbs_widget.records import Record
+from sbs_widget.records import RESET, Record
 from sbs_widget.views.rows import error_key, json_value
 
 FLUSH_SECONDS = 0.15
@@ -46,7 +47,7 @@ class Run:
     trace: str = field(default="", repr=False)  # formatted traceback when status is "error"
     exception: BaseException | None = field(default=None, repr=False, compare=False)  # what ended it, as raised
     started: float = field(default_factory=time.time)
-    elapsed: float = 0.0
+    elapsed: float | None = 0.0  # seconds; None for records computed elsewhere with no times
     fx_done: int = 0
     fx_total: int = 0
     current: str = ""
@@ -60,7 +61,7 @@ class Run:
         self.counts[record.status] += 1
         if record.onnx_node_name:
             self.onnx_nodes_seen.add(record.onnx_node_name)
-        if record.err_abs is not None and (
+        if record.err_abs is not None and record.status != RESET and (  # a reset pair was fixed on purpose
             self.worst_i is None or error_key(record.err_abs) > error_key(self.records[self.worst_i].err_abs)
         ):
             self.worst_i = i
@@ -79,7 +80,7 @@ class Run:
             "atol": self.atol,
             "rtol": self.rtol,
             "n_records": len(self.records),
-            "elapsed": round(self.elapsed, 3),
+            "elapsed": None if self.elapsed is None else round(self.elapsed, 3),
             "counts": dict(self.counts),
             "worst_err": None if w is None else json_value(w.err_abs),  # NaN/inf as strings
             "worst_name": "" if w is None else (w.ep_name or w.onnx_name or ""),
@@ -107,10 +108,12 @@ class Runner:
         self.abandoned = False
         self._final = threading.Lock()  # the final status is set once: by the thread or by abandon()
         self._last_flush = 0.0  # 0: the first record is shown at once
+        self._closing = False  # the run's end is being reported: not to be interrupted at exit
         self.thread = threading.Thread(target=self._main, name=f"sbs-run-{run.id}", daemon=True)
 
     def begin(self) -> "Runner":
         self.thread.start()
+        track(self.thread, self.stop, lambda: not self._closing)  # a script ending mid-run ends cleanly
         return self
 
     def stop(self) -> None:
@@ -171,6 +174,7 @@ class Runner:
             trace = traceback.format_exc()
             run.exception = e
         finally:
+            self._closing = True
             if it is not None and hasattr(it, "close"):
                 try:
                     it.close()

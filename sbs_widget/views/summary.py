@@ -121,7 +121,7 @@ def summarize(records: list[Record], prepared=None) -> Summary:
         s.by_status[r.status] = s.by_status.get(r.status, 0) + 1
         if r.status in _COMPARED and r.err_abs is not None:
             s.n_compared += 1
-            if s.worst is None or r.err_abs > (s.worst.err_abs or 0):
+            if r.status != R.RESET and (s.worst is None or r.err_abs > (s.worst.err_abs or 0)):
                 s.worst = r
             if r.status == R.MISMATCH and s.first_beyond is None:
                 s.first_beyond = r

@@ -17,6 +17,7 @@ def progress_state(run: Run, prepared, n_rows: int) -> dict:
     eta = None
     if run.status == RUNNING and fx_done and fx_total > fx_done:
         eta = run.elapsed * (fx_total - fx_done) / fx_done
+    elapsed = None if run.elapsed is None else round(run.elapsed, 3)  # None: records computed elsewhere
     summary = run.summary()
     return {
         "run": run.id,
@@ -28,7 +29,7 @@ def progress_state(run: Run, prepared, n_rows: int) -> dict:
         "onnx_done": len(run.onnx_nodes_seen),
         "onnx_total": getattr(prepared, "n_onnx_nodes", 0) or 0,
         "current": run.current,
-        "elapsed": round(run.elapsed, 3),
+        "elapsed": elapsed,
         "eta": None if eta is None else round(eta, 2),
         "counts": dict(run.counts),
         "worst": summary["worst_err"],
@@ -60,23 +61,31 @@ def culprits_state(run: Run, prepared, inputs=None, kwargs=None) -> list[dict]:
 
 
 def finished_run(records, *, atol: float, rtol: float, reset_names=()) -> Run:
-    """A ``Run`` holding records computed elsewhere (a saved run, the CLI)."""
+    """A ``Run`` holding records computed elsewhere (a saved run, the CLI): its time is the records'
+    own (torch's and onnxruntime's), None when they hold none (never "0 ms")."""
     run = Run(id=0, reset_names=frozenset(reset_names), atol=atol, rtol=rtol)
+    seconds = 0.0
     for r in records:
         run.add(r)
+        seconds += sum(t for t in (r.ep_time_run, r.onnx_time_run) if t)
     run.status = DONE
+    run.elapsed = seconds or None
     return run
 
 
 def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_names=(), fx_dot: str = "",
-               onnx_dot: str = "", prepared=None, message: str = "", deployed: dict | None = None) -> dict:
+               onnx_dot: str = "", prepared=None, message: str = "", deployed: dict | None = None,
+               culprits: list[dict] | None = None) -> dict:
     """Everything a view shows of ``runs`` once the last one ended (``deployed``: the as-deployed check's
-    state, ``SbsWidget.deployed``)."""
+    state, ``SbsWidget.deployed``; ``culprits``: as the widget listed them, else found from the last
+    run's records)."""
     last = runs[-1]
+    if culprits is None:
+        culprits = culprits_state(last, prepared) if last.status == DONE else []
     return {
         "title": title, "status": last.status, "message": message or last.error,
         "progress": progress_state(last, prepared, len(last.records)), "run_id": last.id,
         "runs_meta": [r.summary() for r in runs], "compare": compare_state(runs, atol, rtol),
         "columns": list(ROW_COLUMNS), "atol": atol, "rtol": rtol, "reset_names": sorted(reset_names),
-        "fx_dot": fx_dot, "onnx_dot": onnx_dot, "deployed": dict(deployed or {}),
+        "fx_dot": fx_dot, "onnx_dot": onnx_dot, "deployed": dict(deployed or {}), "culprits": list(culprits),
     }

@@ -326,7 +326,8 @@ class SbsWidget(anywidget.AnyWidget):
             raise SbsError("nothing to save yet: start a run first (w.rerun())")
         return write_html_report(runs, path, title=title or self.title or "sbs_widget report", atol=self.atol,
                                  rtol=self.rtol, reset_names=self.reset_names, fx_dot=self.fx_dot,
-                                 onnx_dot=self.onnx_dot, prepared=self._prepared, deployed=dict(self.deployed))
+                                 onnx_dot=self.onnx_dot, prepared=self._prepared, deployed=dict(self.deployed),
+                                 culprits=list(self.culprits) if self.status == "done" else None)
 
     # --- the run -----------------------------------------------------------------------------
 
