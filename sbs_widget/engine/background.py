@@ -108,6 +108,17 @@ def renew(name: str) -> None:
         old.shutdown()
 
 
+def shutdown_all() -> list[threading.Thread]:
+    """Shut every thread down (queued calls cancelled; a call in flight ends on its own) and forget
+    them (later calls get fresh threads): their threads, to wait for. At exit (``shutdown.stop_all``)."""
+    with _LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.shutdown()
+    return [pool.thread for pool in pools]
+
+
 def start_threads() -> None:
     """Start the threads now, while no other thread holds the GIL: started in the middle of a run,
     a new thread waits for the GIL, and its starter for the new thread."""

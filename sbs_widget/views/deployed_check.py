@@ -14,6 +14,7 @@ import math
 import threading
 import traceback
 
+from sbs_widget.engine.shutdown import track
 from sbs_widget.errors import InputError
 from sbs_widget.views.shared_rules import NON_FINITE
 
@@ -88,6 +89,7 @@ class DeployedCheck:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.result = None  # the last DeployedResult
+        self._working = False  # the thread is in the check (not reporting its end): interrupted at exit
 
     @property
     def running(self) -> bool:
@@ -103,7 +105,9 @@ class DeployedCheck:
             self._publish(RUNNING, "waiting for the run to end" if after else "starting", setting=setting)
             self._thread = threading.Thread(target=self._work, args=(session_options, providers, after, setting),
                                             name="sbs-deployed-check", daemon=True)
+            self._working = True
             self._thread.start()
+            track(self._thread, None, lambda: self._working)  # a script ending mid-check ends cleanly
             return self._thread
 
     def join(self, timeout: float | None = None) -> bool:
@@ -140,8 +144,10 @@ class DeployedCheck:
                                     rtol=None if auto_rtol else w.rtol)
             state = result_state(result)
         except Exception as e:  # lands in the banner; the table is untouched
+            self._working = False
             message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._publish(FAILED, message, trace=traceback.format_exc(limit=8))
             return
+        self._working = False
         self.result = result
         self._publish(DONE, "", result=state)
