@@ -28,6 +28,7 @@ from sbs_widget.strings import string_type
 METADATA_KEY = "sbs_widget.dump"
 FORMAT_VERSION = 1
 _CACHE_MODULE = "transformers.cache_utils"
+_OUTPUTS_MODULE = "transformers.modeling_outputs"
 # Bounds on what a dump file's metadata may make this process build: its JSON text (characters) and
 # the nesting of the values it describes. A dump written by ``steal_forward`` is far below both.
 METADATA_LIMIT = 16 << 20
@@ -55,11 +56,62 @@ def _cache_class(module: str, qualname: str):
     return cls if isinstance(cls, type) and issubclass(cls, bases) else None
 
 
+def _known_transformers_class(name: str) -> type | None:
+    """The class a pytree name from a dump gives, when it is one of transformers' own model outputs
+    (``transformers.modeling_outputs.X``, the name transformers registers them under) or caches
+    (``transformers.cache_utils:X``, the name its exporter registers them under), else None. Found by
+    attribute lookup in those two modules, imported by their fixed names: never by the file's."""
+    if name.startswith(_OUTPUTS_MODULE + "."):
+        module, attr = _OUTPUTS_MODULE, name[len(_OUTPUTS_MODULE) + 1:]
+    else:
+        module, _, attr = name.partition(":")
+        if module != _CACHE_MODULE:
+            return None
+    if not attr.isidentifier():
+        return None
+    import importlib
+
+    try:
+        from transformers.utils import ModelOutput
+
+        mod = importlib.import_module(_OUTPUTS_MODULE if module == _OUTPUTS_MODULE else _CACHE_MODULE)
+    except ImportError:
+        return None
+    if module == _CACHE_MODULE:
+        return _cache_class(_CACHE_MODULE, attr)
+    cls = getattr(mod, attr, None)
+    if isinstance(cls, type) and issubclass(cls, ModelOutput) and cls.__module__ == _OUTPUTS_MODULE \
+            and cls.__qualname__ == attr:
+        return cls
+    return None
+
+
+def _register_known(name: str) -> type | None:
+    """Register with torch's pytree, as transformers itself does, the class a dump names (see
+    ``_known_transformers_class``) and not registered in this process yet: the class, or None."""
+    cls = _known_transformers_class(name)
+    if cls is None:
+        return None
+    if cls not in _pytree.SUPPORTED_NODES:
+        try:
+            if cls.__module__ == _CACHE_MODULE:  # caches: as its exporter registers them
+                from transformers.exporters.exporter_dynamo import register_pytree_node
+            else:  # model outputs: as every ModelOutput subclass registers itself when defined
+                from transformers.utils.generic import _register_model_output_pytree_node as register_pytree_node
+            register_pytree_node(cls)
+        except (ImportError, ValueError):
+            return None
+    return cls if _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) is cls else None
+
+
 def _transformers_type(name) -> type | None:
     """The transformers ``ModelOutput`` or cache class registered with torch's pytree under ``name``, or
     None: the only pytree types, besides ``_OWN_CONTAINERS``, that a dump may hold. Looked up among the
-    types already registered in this process: nothing is imported by a name the file gives."""
+    types registered in this process; one of transformers' known output or cache classes that is not
+    registered yet is registered here (``_register_known``): nothing is imported by a name the file gives."""
     cls = _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if type(name) is str else None
+    if cls is None and type(name) is str:
+        cls = _register_known(name)
     if not isinstance(cls, type) or not cls.__module__.startswith("transformers."):
         return None
     try:
@@ -270,14 +322,89 @@ def _decode_pytree(node: dict, values: list):
     cls = _transformers_type(name)
     if cls is None:
         raise LoadError(f"dump: container type {shown!r} is refused: a dump holds OrderedDict, deque, defaultdict "
-                        "and transformers' ModelOutput and cache types (registered with torch pytree in this "
-                        "process: import transformers before loading)")
+                        "and transformers' ModelOutput and cache types (those of transformers.modeling_outputs "
+                        "and transformers.cache_utils are registered with torch pytree on loading; another one, "
+                        "a model's own output class say, is read once its module is imported: import it before "
+                        "loading)")
     from_ctx = getattr(_pytree.SUPPORTED_SERIALIZED_TYPES[cls], "from_dumpable_context", None)
     if from_ctx is not None and not getattr(from_ctx, "__module__", "").startswith("transformers"):
         raise LoadError(f"dump: container type {shown!r} is read by {from_ctx!r}, which is not transformers' own")
+    unflatten = _pytree.SUPPORTED_NODES[cls].unflatten_fn
+    if _cache_class(cls.__module__, cls.__qualname__):
+        # registered by transformers' exporter: its context names the classes to build, which its
+        # unflatten function imports; only cache classes (and builtin containers) get there
+        if from_ctx is not None or not getattr(unflatten, "__module__", "").startswith("transformers"):
+            raise LoadError(f"dump: cache type {shown!r} is read by {unflatten!r}, which is not transformers' "
+                            "exporter's")
+        _check_exporter_context(ctx, len(values))
+        try:
+            return unflatten(values, ctx)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, ImportError) as e:
+            raise LoadError(f"dump: cache {shown!r} cannot be rebuilt ({type(e).__name__}: {str(e)[:200]})") \
+                from None
     if from_ctx is None and ctx is not None:
         ctx = _keys(ctx)  # ModelOutput: its field names
-    return _pytree.SUPPORTED_NODES[cls].unflatten_fn(values, from_ctx(ctx) if from_ctx else ctx)
+    return unflatten(values, from_ctx(ctx) if from_ctx else ctx)
+
+
+# Containers in the context of a cache registered by transformers' exporter (``_flatten_to_context``).
+_EXPORTER_SEQUENCES = ("builtins:tuple", "builtins:list", "builtins:set", "builtins:frozenset")
+_EXPORTER_MAPPINGS = ("builtins:dict", "collections:OrderedDict")
+
+
+def _check_exporter_context(ctx, count: int, depth: int = 0) -> None:
+    """Refuse (``LoadError``) a cache's context that would make transformers' exporter build anything
+    but transformers' cache classes, builtin containers, tensors among the ``count`` values and plain
+    torch values (dtypes, devices, sizes): everything it imports is named by the context."""
+    if ctx is None or type(ctx) in (bool, int, float, str):
+        return
+    if depth > DEPTH_LIMIT:
+        raise LoadError(f"dump: cache context nested more than {DEPTH_LIMIT} levels deep")
+    depth += 1
+    if type(ctx) is list:
+        for x in ctx:
+            _check_exporter_context(x, count, depth)
+        return
+    if type(ctx) is not dict:
+        raise LoadError(f"dump: unexpected cache context {str(ctx)[:80]!r}")
+    tag = ctx.get("_t")
+    if tag is None:
+        for v in ctx.values():
+            _check_exporter_context(v, count, depth)
+        return
+    value, path = ctx.get("v"), ctx.get("p")
+    if tag in ("tensor", "sym"):
+        ok = type(ctx.get("i")) is int and 0 <= ctx["i"] < count
+    elif tag in ("dtype", "layout"):
+        n = ctx.get("n")
+        ok = type(n) is str and isinstance(getattr(torch, n, None), torch.dtype if tag == "dtype" else torch.layout)
+    elif tag == "device":
+        try:
+            ok = type(ctx.get("s")) is str and torch.device(ctx["s"]) is not None
+        except (RuntimeError, TypeError, ValueError):
+            ok = False
+    elif tag == "size":
+        ok = type(value) is list and all(type(d) is int and d >= 0 for d in value)
+    elif tag == "items":
+        ok = type(value) is list and all(type(p) is list and len(p) == 2 for p in value)
+        if ok:
+            _keys([p[0] for p in value])
+            _check_exporter_context([p[1] for p in value], count, depth)
+    elif tag in ("type", "obj"):
+        module, _, qualname = path.partition(":") if type(path) is str else ("", "", "")
+        ok = _cache_class(module, qualname) is not None and (tag == "type" or type(ctx.get("s")) is dict)
+        if ok and tag == "obj":
+            _check_exporter_context(list(ctx["s"].values()), count, depth)
+    elif tag in ("seq", "map"):
+        ok = path in (_EXPORTER_SEQUENCES if tag == "seq" else _EXPORTER_MAPPINGS) and \
+            type(value) is (list if tag == "seq" else dict)
+        if ok:
+            _check_exporter_context(value if tag == "seq" else list(value.values()), count, depth)
+    else:
+        ok = False
+    if not ok:
+        raise LoadError(f"dump: cache context entry {str(ctx)[:120]} is refused: the context of a cache holds "
+                        "transformers' cache classes, builtin containers, tensors, dtypes, devices and sizes")
 
 
 # ---------------------------------------------------------------- steal_forward

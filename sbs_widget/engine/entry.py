@@ -33,6 +33,7 @@ import torch
 
 from sbs_widget.align.pairs import target_name
 from sbs_widget.align.same_program import first_difference
+from sbs_widget.align.signature import check_signature
 from sbs_widget.engine.background import start_threads
 from sbs_widget.engine.prepared import Prepared, Progress
 from sbs_widget.engine.runtimes import Runtime
@@ -128,6 +129,8 @@ def prepare(ep, onx=None) -> Prepared:
         # From a path, the big initializers stay in the file (read through the index): held once.
         model, data = load_onnx(onx)
         index = OnnxIndex.build(model, data)
+        # inputs, outputs, dtypes and fixed shapes: a model from another export is told before decomposing
+        check_signature(program, model, index.inputs, index.outputs)
         ok, total = _metadata_agreement(program, index)
         if total and ok == total:
             decomposed, user = program, None  # already the program the exporter translated
