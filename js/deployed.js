@@ -4,7 +4,7 @@
 // a missing one leaves its line out.
 
 import { h, clear } from "./dom.js";
-import { fmtSeconds, visible } from "./format.js";
+import { fmtSeconds, messageText, visible } from "./format.js";
 
 export const CHECK_DEPLOYED = "check_deployed"; // the message asking the kernel for a check (defaults)
 
@@ -53,7 +53,7 @@ export function describeDeployed(state, live = true) {
         : "the check had not ended when this copy was made",
     };
   }
-  if (status !== "done") return { state: "error", message: visible(s.message || "the check failed", true) };
+  if (status !== "done") return { state: "error", message: messageText(s.message || "the check failed") };
   const r = obj(s.result);
   const verdict = typeof r.verdict === "string" ? r.verdict : "?";
   const fused = list(r.fused).map((f) => {
@@ -80,7 +80,7 @@ export function describeDeployed(state, live = true) {
     setting: visible(r.deployed ?? ""),
     hint: verdict === "export" ? "the as-written model already differs from torch: use the lockstep below"
       : verdict === "same" ? "the deployed run is as close to torch as the model as written" : "",
-    cause: visible(r.cause_text ?? "", true),
+    cause: messageText(r.cause_text ?? ""),
     fused: fused.slice(0, MAX_FUSED),
     moreFused: Math.max(0, fused.length - MAX_FUSED),
     located: locatedLine(r.located),
@@ -88,7 +88,7 @@ export function describeDeployed(state, live = true) {
     written: errLine(worstError(r.written_errors)),
     deployed: errLine(worstError(r.deployed_errors)),
     footer,
-    summary: typeof r.summary === "string" ? visible(r.summary, true) : "",
+    summary: typeof r.summary === "string" ? messageText(r.summary) : "",
   };
 }
 
@@ -101,22 +101,24 @@ export function locatedLine(located) {
     (Number.isFinite(num(o.vanished)) ? `; ${num(o.vanished)} values vanished into fused nodes` : "");
 }
 
-/** The banner and its toolbar button. update(state, live): redraw from the `deployed` trait. */
+/** The banner and its toolbar button. update(state, live, {unavailable}): redraw from the `deployed`
+ *  trait; `unavailable` (a reason) disables the button, with the reason as its title. */
 export function createDeployedBanner({ onCheck }) {
   const el = h("div", { class: "sbs-deployed", hidden: true, role: "status" });
+  const TITLE = "run the whole ONNX model as users deploy it (onnxruntime's defaults) and as written, both against torch";
   const button = h("button", {
-    class: "sbs-check-deployed", text: "Check as deployed", hidden: true,
-    title: "run the whole ONNX model as users deploy it (onnxruntime's defaults) and as written, both against torch",
+    class: "sbs-check-deployed", text: "Check as deployed", hidden: true, title: TITLE,
     onclick: () => { button.disabled = true; onCheck(); },
   });
   const line = (cls, ...children) => h("div", { class: cls }, ...children);
   return {
     el,
     button,
-    update(state, live = true) {
+    update(state, live = true, { unavailable = "" } = {}) {
       const d = describeDeployed(state, live);
       button.hidden = !live || (d.state !== "" && d.state !== "error");
-      button.disabled = d.state === "running";
+      button.disabled = d.state === "running" || Boolean(unavailable);
+      button.title = unavailable || TITLE;
       clear(el);
       el.hidden = d.state === "";
       el.dataset.state = d.state;

@@ -1,7 +1,7 @@
 // The detail of one record: both sides, every error figure, the rounding verdict and the |diff| histogram.
 
 import { h, clear } from "./dom.js";
-import { fmtErr, fmtInt, fmtSeconds, visible } from "./format.js";
+import { fmtErr, fmtInt, fmtSeconds, messageText, visible } from "./format.js";
 import { colorFor, HISTOGRAM_EDGES } from "./rules.js";
 
 function kv(pairs) {
@@ -91,5 +91,5 @@ export function renderDetail(container, row, ctx) {
   );
   if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: visible(row.module) }));
   if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: visible(row.stack_trace, true) }));
-  if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: visible(row.comment, true) }));
+  if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: messageText(row.comment) }));
 }

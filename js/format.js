@@ -46,6 +46,20 @@ export function visible(text, keepNewlines = false) {
   return s.replace(HIDDEN, (ch) => (keepNewlines && ch === "\n" ? ch : escapeChar(ch)));
 }
 
+// ANSI CSI sequences (colours, cursor moves: ESC [ params intermediates final, or the 8-bit CSI) that
+// tracebacks and loggers put in messages: removed before display; other hidden characters stay escaped.
+// eslint-disable-next-line no-control-regex -- ESC is what is matched
+const ANSI_CSI = /(?:\u001b\[|\u009b)[\u0030-\u003f]*[\u0020-\u002f]*[\u0040-\u007e]/g;
+
+/** `text` without its ANSI CSI sequences ("\x1b[31mboom\x1b[0m" -> "boom"). */
+export function stripAnsi(text) {
+  if (text === null || text === undefined) return "";
+  return String(text).replace(ANSI_CSI, "");
+}
+
+/** A message (an error, a traceback) for display: ANSI colours removed, then `visible` (newlines kept). */
+export const messageText = (text) => visible(stripAnsi(text), true);
+
 /** `text` cut to at most `limit` code points as head…tail (graph labels; the full name goes on hover). */
 export function shorten(text, limit = 64) {
   const s = String(text ?? "");

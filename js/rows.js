@@ -40,13 +40,34 @@ export class RunRows {
   }
 }
 
+const SEARCHED = ["ep_name", "ep_origin", "onnx_name", "onnx_node_name", "onnx_op_type", "ep_target", "module", "inner_op"];
+
+/** The search box's text as terms: {text, exact}. A term in double quotes ("mul_3") matches a name, op,
+ *  target or module equal to it (case ignored), not one holding it (MatMul_3a); other words match
+ *  anywhere. A quote not closed yet (typing) is a plain word. */
+export function parseSearch(text) {
+  const out = [];
+  for (const m of String(text || "").toLowerCase().matchAll(/"([^"]*)"|(\S+)/g)) {
+    if (m[1] !== undefined) { if (m[1].trim()) out.push({ text: m[1].trim(), exact: true }); }
+    else {
+      const w = m[2].replace(/"/g, "");
+      if (w) out.push({ text: w, exact: false });
+    }
+  }
+  return out;
+}
+
+function exactNames(row) {
+  if (row._exact === undefined) row._exact = new Set(SEARCHED.map((c) => row[c]).filter(Boolean).map((v) => String(v).toLowerCase()));
+  return row._exact;
+}
+
 function searchText(row) {
   // cached on the row: built once, filtering 50,000 rows is then a loop of includes()
   if (row._search === undefined) {
     // (ep_origin: the node of the user's program a decomposed value comes from, found by its own name)
     // (inner_op: the torch op an inner value is compared with, "aten._softmax.default")
-    row._search = [row.ep_name, row.ep_origin, row.onnx_name, row.onnx_node_name, row.onnx_op_type, row.ep_target, row.module, row.inner_op]
-      .filter(Boolean).join("\n").toLowerCase();
+    row._search = SEARCHED.map((c) => row[c]).filter(Boolean).join("\n").toLowerCase();
   }
   return row._search;
 }
@@ -56,10 +77,10 @@ function searchText(row) {
 export const isNoise = (row) => row.status === "noise" || row.noise === true;
 
 /** Indices of the rows passing `filter`:
- *  {text: "words all present in names/op/target/module", beyond: bool, hideNoise: bool, col: "err_abs",
+ *  {text: "words all present in names/op/target/module, \"quoted\" ones equal to one", beyond: bool, hideNoise: bool, col: "err_abs",
  *   min, max, status} */
 export function filterIndex(rows, filter = {}, tol = {}) {
-  const words = (filter.text || "").toLowerCase().split(/\s+/).filter(Boolean);
+  const terms = parseSearch(filter.text);
   const col = filter.col || "err_abs";
   const min = filter.min === "" || filter.min === undefined || filter.min === null ? null : Number(filter.min);
   const max = filter.max === "" || filter.max === undefined || filter.max === null ? null : Number(filter.max);
@@ -69,10 +90,9 @@ export function filterIndex(rows, filter = {}, tol = {}) {
     const row = rows[k];
     if (filter.status && row.status !== filter.status) continue;
     if (filter.hideNoise && isNoise(row)) continue;
-    if (words.length) {
-      const s = searchText(row);
+    if (terms.length) {
       let ok = true;
-      for (const w of words) if (!s.includes(w)) { ok = false; break; }
+      for (const w of terms) if (w.exact ? !exactNames(row).has(w.text) : !searchText(row).includes(w.text)) { ok = false; break; }
       if (!ok) continue;
     }
     if (min !== null || max !== null) {

@@ -15,6 +15,12 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-root *, .sbs-root *::before, .sbs-root *::after { box-sizing: border-box; }
 .sbs-bar { display: flex; flex-wrap: wrap; align-items: center; gap: 6px 10px; min-height: 24px; }
 .sbs-title { font-weight: 600; }
+/* the toolbar stays on one line: a long title gives way (ellipsis, the full title on hover), not the buttons */
+.sbs-bar.sbs-toolbar { flex-wrap: nowrap; min-width: 0; white-space: nowrap; }
+.sbs-toolbar > * { flex: none; }
+.sbs-toolbar > .sbs-title { flex: 0 1 auto; min-width: 48px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.sbs-toolbar > .sbs-current, .sbs-toolbar > .sbs-num { flex: 0 1 auto; min-width: 0; overflow: hidden; text-overflow: ellipsis; }
+.sbs-toolbar > .sbs-spacer-flex { flex: 1 1 0; min-width: 0; }
 .sbs-muted { color: var(--sbs-fg2); }
 .sbs-mono, .sbs-num { font-family: var(--sbs-mono); font-variant-numeric: tabular-nums; }
 .sbs-spacer-flex { flex: 1; }

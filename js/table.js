@@ -25,6 +25,13 @@ export const COLUMNS = [
   { key: "module", label: "module", width: "minmax(70px, 1fr)" },
 ];
 
+/** Width of the "#" column for `n` rows: 44px up to 999, then as wide as the largest index written
+ *  (fmtInt: "12,345") in the monospace digits plus the cell's padding, so no index is cut. */
+export function indexWidth(n) {
+  const chars = fmtInt(Math.max(0, n - 1)).length;
+  return chars <= 3 ? "44px" : `calc(${chars}ch + 14px)`;
+}
+
 const INNER = COLUMNS.findIndex((c) => c.key === "_inner");
 const FX_NAME = COLUMNS.findIndex((c) => c.key === "ep_name");
 
@@ -77,11 +84,13 @@ export function createTable(opts) {
   const el = h("div", { class: "sbs-table sbs-flat" }, scroll, foot);
   // the "inside" column only where some row is an inner value
   let flatCols = null;
-  const setFlat = (flat) => {
-    if (flat === flatCols) return;
+  let iWidth = indexWidth(0);
+  const setFlat = (flat, width = iWidth) => {
+    if (flat === flatCols && width === iWidth) return;
     flatCols = flat;
+    iWidth = width;
     el.classList.toggle("sbs-flat", flat);
-    el.style.setProperty("--sbs-cols", COLUMNS.filter((c) => !flat || c.key !== "_inner").map((c) => c.width).join(" "));
+    el.style.setProperty("--sbs-cols", COLUMNS.filter((c) => !flat || c.key !== "_inner").map((c) => (c.key === "i" ? width : c.width)).join(" "));
   };
   setFlat(true);
 
@@ -240,7 +249,9 @@ export function createTable(opts) {
       index = newIndex;
       sort = newSort;
       nest = newNest && newNest.matched ? newNest : null;
-      setFlat(!(newNest && newNest.nesting && newNest.nesting.inner > 0));
+      let last = rows.length;
+      if (last && rows[last - 1] && Number.isFinite(rows[last - 1].i)) last = Math.max(last, rows[last - 1].i + 1);
+      setFlat(!(newNest && newNest.nesting && newNest.nesting.inner > 0), indexWidth(last));
       render(); // synchronous: sorting a column shows its result in the same task
     },
     setFooter(parts) {

@@ -6,7 +6,7 @@
 
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
-import { fmtInt, visible } from "./format.js";
+import { fmtInt, messageText, visible } from "./format.js";
 import { colorFor, MESSAGES, STATUSES } from "./rules.js";
 import { Nesting, SortCache, filterIndex, isNumeric, isWithin, nestIndex } from "./rows.js";
 import { createRowSync } from "./sync.js";
@@ -98,7 +98,9 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const rerunBtn = h("button", { text: "Rerun", title: "new run with the reset set below", onclick: () => model.send({ type: MESSAGES.rerun }) });
   const title = h("span", { class: "sbs-title" });
 
-  const search = h("input", { type: "text", placeholder: "filter names, op, module…", "aria-label": "filter", style: { width: "200px" } });
+  const search = h("input", { type: "text", placeholder: 'filter names, op, module… ("x": exact)', "aria-label": "filter", style: { width: "200px" },
+    title: 'words: each must appear in a name, the op, the target or the module (mul_3 also finds MatMul_3a);\n' +
+      '"mul_3" in double quotes: a name, op or module equal to mul_3 (case ignored), nothing longer' });
   const beyond = h("input", { type: "checkbox", "aria-label": "only beyond tolerance" });
   const hideNoise = h("input", { type: "checkbox", "aria-label": "hide noise" });
   const statusSel = h("select", { "aria-label": "status" }, ["", ...STATUSES].map((s) => h("option", { value: s, text: s || "any status" })));
@@ -141,7 +143,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
 
   const root = h("div", { class: "sbs-root", "data-host": detectHost(el.ownerDocument) || null },
     h("style", { text: CSS }),
-    h("div", { class: "sbs-bar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [deployed.button, stopBtn, rerunBtn] : null),
+    h("div", { class: "sbs-bar sbs-toolbar" }, title, ...prog.main, h("span", { class: "sbs-spacer-flex" }), runSel, live ? [deployed.button, stopBtn, rerunBtn] : null),
     h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
     prog.message,
     deployed.el,
@@ -191,6 +193,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       `filter ${root.dataset.filterMs} ms · sort ${root.dataset.sortMs} ms`,
     ]);
     if (focus >= 0 && detailFor !== (rows[focus] || null)) showDetail(); // its row arrived
+    if (worstIsReset(progress()) !== worstReset) updateStatus(); // the worst pair's row arrived
     for (const cb of rowListeners) cb();
     schedulePublish();
   }
@@ -353,27 +356,48 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     setTimeout(() => URL.revokeObjectURL(url), 1000);
   });
 
+  // the worst chip's record, when its row is here: a reset one is never shown as the worst
+  const worstIsReset = (p) => {
+    if (p.run !== shown || p.worst_i === null || p.worst_i === undefined) return false;
+    const row = rowsShown()[p.worst_i];
+    return Boolean(row) && row.status === "reset";
+  };
+  // "Check as deployed" needs an exported model: none when the last run failed before any record
+  const noModel = () => {
+    if (model.get("status") !== "error") return "";
+    const p = progress();
+    const latest = model.get("run_id");
+    const m = meta().find((x) => x && x.id === latest) || {};
+    const records = Math.max(p.run === latest ? p.n_rows || 0 : 0, m.n_records || 0);
+    return records > 0 ? "" : "not available: the last run failed before any record, so there is no exported model to check (see the message; fix it and rerun)";
+  };
+  const updateDeployed = () => deployed.update(model.get("deployed"), live, { unavailable: noModel() });
+
+  let worstReset = false;
   function updateStatus() {
     const p = progress();
-    prog.update(model.get("status"), p, model.get("message"));
+    worstReset = worstIsReset(p);
+    prog.update(model.get("status"), p, model.get("message"), { worstIsReset: worstReset });
     stopBtn.disabled = !running();
     rerunBtn.disabled = running();
     reset.update(running());
+    updateDeployed();
   }
 
   on("change:progress", () => { updateStatus(); request(progress().run); });
   on("change:status", updateStatus);
   on("change:message", updateStatus);
   on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });
-  on("change:runs_meta", () => { updateRuns(); request(shown); renderCompare(compareEl, model.get("compare"), meta()); });
+  on("change:runs_meta", () => { updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
   on("change:compare", () => renderCompare(compareEl, model.get("compare"), meta()));
   on("change:reset_names", () => { reset.update(running()); table.repaint(); });
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
   on("change:culprits", () => culprits.update(model.get("culprits")));
-  on("change:deployed", () => deployed.update(model.get("deployed"), live));
+  on("change:deployed", updateDeployed);
   on("change:selected_rows", adoptSelection);
-  on("change:title", () => { title.textContent = visible(model.get("title") || "sbs_widget"); });
+  const setTitle = () => { title.textContent = visible(model.get("title") || "sbs_widget"); title.title = title.textContent; };
+  on("change:title", setTitle);
 
   // --- graphs (issue 5), mounted when first opened: layout costs time, most sessions never open it
   const graphsCtx = {
@@ -395,11 +419,11 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       const dispose = mountGraphs(graphsCtx);
       if (typeof dispose === "function") disposers.push(dispose);
     } catch (err) {
-      graphsHost.append(h("div", { class: "sbs-message", text: `graphs failed: ${visible(String(err), true)}` }));
+      graphsHost.append(h("div", { class: "sbs-message", text: `graphs failed: ${messageText(String(err))}` }));
     }
   });
 
-  title.textContent = visible(model.get("title") || "sbs_widget");
+  setTitle();
   atolIn.value = String(model.get("atol"));
   rtolIn.value = String(model.get("rtol"));
   table.setSelection(selection, focus, false);
@@ -407,7 +431,6 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   updateRuns();
   renderCompare(compareEl, model.get("compare"), meta());
   culprits.update(model.get("culprits"));
-  deployed.update(model.get("deployed"), live);
   updateStatus();
   refresh();
   request(shown);
