@@ -33,6 +33,8 @@ _LAZY = {
     "ResetSuggestion": "sbs_widget.blame.resets",
     "suggest_resets": "sbs_widget.blame.resets",
     "check_deployed": "sbs_widget.deployed.check",
+    "Coverage": "sbs_widget.engine.coverage",
+    "coverage": "sbs_widget.engine.coverage",
     "DeployedRuntime": "sbs_widget.deployed.runtime",
     "compare_dump": "sbs_widget.dumps.compare",
     "ForwardStealer": "sbs_widget.dumps.steal",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them
     from sbs_widget.deployed.runtime import DeployedRuntime
     from sbs_widget.dumps.compare import compare_dump
     from sbs_widget.dumps.steal import ForwardStealer, load_dump, steal_forward
+    from sbs_widget.engine.coverage import Coverage, coverage
     from sbs_widget.engine.entry import Prepared, prepare, run_aligned
     from sbs_widget.engine.runtimes import Runtime, get_runtime
     from sbs_widget.errors import (
@@ -111,6 +114,7 @@ def __dir__():
 _SUBPACKAGES = frozenset(m.split(".")[1] for m in _LAZY.values())
 
 __all__ = [
+    "Coverage",
     "Culprit",
     "ExportError",
     "Exported",
@@ -134,6 +138,7 @@ __all__ = [
     "check_deployed",
     "DeployedRuntime",
     "compare_dump",
+    "coverage",
     "culprits",
     "dummy_llm",
     "export_module",

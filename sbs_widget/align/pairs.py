@@ -27,6 +27,7 @@ import torch
 
 from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
 from sbs_widget.align.initializers import is_literal_of, read_transposed, stored_transposed
+from sbs_widget.align.merged_weights import merged_into, removed_comment
 from sbs_widget.align.twinless import (
     alias_no_ops,
     alias_reshape_inputs,
@@ -292,6 +293,7 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                    if "pkg.torch.onnx.original_node_name" in m and v in index.initializers}
     placeholder_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
                         **sig.inputs_to_lifted_tensor_constants}
+    owner_of = {v: placeholder_keys[ph] for ph, v in by_original.items() if ph in placeholder_keys}
     for ph, key in placeholder_keys.items():
         onnx_name = by_original.get(ph)
         if onnx_name is not None:
@@ -314,9 +316,13 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
                 al.weights.append(WeightPair(ph, key, folded[0], True, "stored transposed by the ONNX optimizer",
                                              transposed=True))
                 continue
+            merged = None if folded else merged_into(program, index, key, by_name.get(ph), al, owner_of)
+            if merged is not None:  # tied, or deduplicated: compared with the initializer holding it
+                al.weights.append(WeightPair(ph, key, merged[0], True, merged[1]))
+                continue
             why = (f"no initializer of its own: the ONNX optimizer folded it into {', '.join(folded[:3])} "
                    "(compared where the program transforms it)") if folded else \
-                "no initializer: removed by the ONNX optimizer"
+                removed_comment(program, key)
             al.weights.append(WeightPair(ph, key, None, False, why))
 
     # Outputs, by position of the flattened outputs.

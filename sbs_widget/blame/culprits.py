@@ -303,6 +303,10 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
         if blind is not None:  # "no culprit" would read as "the translation is right"
             out.cannot_judge = f"cannot judge, no culprit can be named: {blind}"
             warnings.warn(out.cannot_judge, NothingJudgedWarning, stacklevel=2)
+        else:
+            from sbs_widget.views.summary import run_verdict
+
+            out.verdict = run_verdict(records)
     return out
 
 
@@ -373,12 +377,10 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
             ep_target=rec.ep_target, module=rec.module, score=round(evidence, 4), kind="node", record=k,
             err_abs=rec.err_abs, err_local=rec.err_local, reason=why, value=rec.onnx_name,
         )
-    group = ctx.group_nodes(rec.onnx_name)
-    if len(group) > 1:
-        others = [ctx.p.index.nodes[i] for i in group if ctx.p.index.nodes[i].name != rec.onnx_node_name]
-        shown = sorted(others, key=lambda n: n.op_type in _MOVES_VALUES)  # the nodes that compute first
-        named = ", ".join(f"{n.op_type} {n.name!r}" for n in shown[:3]) + (", ..." if len(others) > 3 else "")
-        why += f" (or one of the {len(others)} ONNX-only nodes computed with it: {named})"
+    shown = _group_of(ctx, rec)
+    if shown:
+        named = ", ".join(f"{n.op_type} {n.name!r}" for n in shown[:3]) + (", ..." if len(shown) > 3 else "")
+        why += f" (or one of the {len(shown)} ONNX-only nodes computed with it: {named})"
     if rec.err_where:  # a difference confined to some rows or channels says a lot about its cause
         why += f"; beyond tolerance at {rec.err_where}"
     if "dtypes differ" in (rec.comment or ""):
@@ -387,8 +389,17 @@ def _node_culprit(k, rec, ctx, evidence, share, agree, worst_in, nan_here, first
         onnx_node=rec.onnx_node_name, onnx_name=rec.onnx_name, onnx_op_type=rec.onnx_op_type,
         ep_name=rec.ep_name, ep_target=rec.ep_target, module=rec.module, score=round(evidence, 4),
         kind="node" if rec.err_local is not None else "first-divergence", record=k, err_abs=rec.err_abs,
-        err_local=rec.err_local, reason=why, value=rec.onnx_name,
+        err_local=rec.err_local, reason=why, value=rec.onnx_name, group=[n.name for n in shown],
     )
+
+
+def _group_of(ctx: _Context, rec: Record) -> list:
+    """The ONNX-only nodes computed with ``rec``'s node (its group but itself), those that compute first."""
+    group = ctx.group_nodes(rec.onnx_name) if ctx.p is not None else []
+    if len(group) <= 1:
+        return []
+    others = [ctx.p.index.nodes[i] for i in group if ctx.p.index.nodes[i].name != rec.onnx_node_name]
+    return sorted(others, key=lambda n: n.op_type in _MOVES_VALUES)
 
 
 # Ops that make constants, read shapes or move values without computing new ones: rarely where a
@@ -422,7 +433,7 @@ def culprits(ep, onx=None, inputs=(), kwargs=None, *, top: int = DEFAULT_TOP, at
                                 reference=reference))
     found = find_culprits(records, top=top, prepared=prepared, atol=atol, rtol=rtol)
     refined = Culprits(refine_culprits(found, prepared, inputs, kwargs, atol, rtol))  # inside translations: finer.py
-    refined.cannot_judge = found.cannot_judge
+    refined.cannot_judge, refined.verdict = found.cannot_judge, found.verdict if not refined else None
     return refined
 
 

@@ -162,7 +162,8 @@ def _print_culprits(records, prepared, args) -> None:
     found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
     if not found:
         print(visible(f"culprits: {found.cannot_judge}") if found.cannot_judge else
-              "culprits: none (every difference is within tolerance)")
+              "culprits: none (every difference beyond tolerance is rounding)" if "rounding only" in
+              (found.verdict or "") else "culprits: none (every difference is within tolerance)")
     for rank, c in enumerate(found, 1):
         print(visible(f"culprit {rank}: {c.onnx_op_type} node {clipped(repr(c.onnx_node))} (value "
                       f"{clipped(repr(c.onnx_name))}, module "

@@ -60,6 +60,7 @@ def _culprits(args) -> int:
         return 0
     if not found:
         print(visible(found.cannot_judge) if getattr(found, "cannot_judge", None) else
+              visible(found.verdict) if getattr(found, "verdict", None) else
               "no culprit: every compared value agrees within tolerance, or no node creates an error")
         return 0
     for k, c in enumerate(found, 1):

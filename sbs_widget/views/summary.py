@@ -4,6 +4,7 @@ per-run counts as records arrive (``views/runs.py``, ``Run.summary``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,18 @@ class Summary:
     n_nothing_finite: int = 0              # pairs with elements, none of them finite on both sides
     nothing_judged: str | None = None      # said first: the verdicts judged (next to) nothing (records.py)
     program_mismatch: str | None = None    # said first: the ONNX model comes from another program
+    first_noise: Record | None = None      # the first pair beyond tolerance by rounding (execution order)
+    n_mismatch: int = 0                    # pairs beyond tolerance and beyond rounding (weights included)
+    n_error: int = 0                       # values one side failed to produce
+    output_err: float | None = None        # the largest error of the outputs beyond tolerance by rounding
+
+    @property
+    def verdict(self) -> str | None:
+        """One line saying what the run amounts to (None where a warning says it cannot be trusted):
+        ``verdict_line(...)`` on this summary's counts."""
+        if self.program_mismatch or self.nothing_judged:
+            return None
+        return verdict_line(self)
 
     @property
     def coverage_of_present(self) -> float | None:
@@ -50,6 +63,7 @@ class Summary:
     def lines(self) -> list[str]:
         """The summary as printable lines (control and bidi characters in names shown escaped)."""
         out = [f"WARNING: {text}" for text in (self.program_mismatch, self.nothing_judged) if text]
+        out.extend([self.verdict] if self.verdict else [])  # first: what the run amounts to
         out.append(f"records: {self.n_records}, pairs compared: {self.n_compared} "
                    f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_status.items()))})")
         if self.n_nothing_finite and not self.nothing_judged:
@@ -98,6 +112,29 @@ def _n(name) -> str:
     return clipped(name) if isinstance(name, str) else str(name)
 
 
+def verdict_line(s: Summary) -> str | None:
+    """The one-line verdict: a clean run says so ("outputs agree within tolerance; 0 culprits"); one
+    whose pairs beyond tolerance all differ by rounding says by how much and where it starts."""
+    if s.n_mismatch or not s.n_compared:
+        return None  # the culprits (and the first pair beyond tolerance) say where it starts
+    failed = f"; {s.n_error} value(s) could not be computed on one side (status error)" if s.n_error else ""
+    first_noise = s.first_noise
+    if first_noise is None:
+        return "outputs agree within tolerance; 0 culprits" + failed
+    where = f"node {_n(first_noise.ep_name or first_noise.onnx_name)}"
+    if first_noise.onnx_node_name:
+        where += f" ({first_noise.onnx_op_type} {_n(first_noise.onnx_node_name)})"
+    head = f"outputs differ by {s.output_err:.3g} beyond tolerance" if s.output_err is not None else \
+        f"outputs agree within tolerance; {s.n_noise} value(s) inside differ beyond it"
+    return (f"{head}, by rounding only (float64 reference: torch and onnxruntime equally close), starting at "
+            f"{where}; 0 culprits" + failed)
+
+
+def run_verdict(records) -> str | None:
+    """``verdict_line`` for a list of records (None: pairs beyond rounding, or nothing compared)."""
+    return summarize(list(records)).verdict
+
+
 def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
     """call_function nodes whose value is a tensor or a number and reaches an output (tuple-valued
     nodes are covered through their getitem nodes). A dead node, one no output depends on (an
@@ -125,10 +162,18 @@ def summarize(records: list[Record], prepared=None) -> Summary:
                 s.worst = r
             if r.status == R.MISMATCH and s.first_beyond is None:
                 s.first_beyond = r
-            s.n_noise += r.status == R.NOISE or (r.status == R.RESET and r.noise is True)
+            noise = r.status == R.NOISE or (r.status == R.RESET and r.noise is True)
+            s.n_noise += noise
+            if noise and s.first_noise is None and r.kind != R.KIND_WEIGHT:
+                s.first_noise = r
+            if noise and r.kind == R.KIND_OUTPUT and math.isfinite(r.err_abs):
+                s.output_err = max(s.output_err or 0.0, r.err_abs)
             if r.kind == R.KIND_OUTPUT and r.err_torch is not None and r.err_onnx is not None:
                 s.exactness.append(r)
-        elif r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
+        if r.status == R.MISMATCH or (r.status == R.RESET and r.within_tolerance is False and r.noise is not True):
+            s.n_mismatch += 1
+        s.n_error += r.status == R.ERROR
+        if r.status == R.ERROR and "NOT_IMPLEMENTED" in (r.comment or ""):
             s.no_kernel[r.onnx_op_type] = s.no_kernel.get(r.onnx_op_type, 0) + 1
     s.n_nothing_finite = R.finite_counts(records)[0]
     s.nothing_judged = R.nothing_judged(records)
