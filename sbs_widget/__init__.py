@@ -70,19 +70,6 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them
     from sbs_widget.engine.coverage import Coverage, coverage
     from sbs_widget.engine.entry import Prepared, prepare, run_aligned
     from sbs_widget.engine.runtimes import Runtime, get_runtime
-    from sbs_widget.errors import (
-        ExportError,
-        InputError,
-        LoadError,
-        ModelMismatchError,
-        NothingJudgedWarning,
-        ProgramMismatchWarning,
-        RunCancelled,
-        RunTimeout,
-        SbsError,
-        SbsWidgetWarning,
-        ToleranceExceeded,
-    )
     from sbs_widget.gate.report import Report, load_report, write_report
     from sbs_widget.graphs.dot import fx_graph, onnx_graph
     from sbs_widget.load.export import Exported, export_module
