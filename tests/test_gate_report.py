@@ -151,6 +151,23 @@ def test_load_report_refuses_foreign_files(tmp_path):
         load_report(bad)
 
 
+def test_load_report_refuses_crafted_files(tmp_path):
+    """A report may come from anyone: deep nesting, values of the wrong kind, a FIFO: a LoadError each."""
+    bad = tmp_path / "deep.json"
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(sbs_widget.LoadError):
+        load_report(bad)
+    head = {"schema": "sbs_widget.report", "schema_version": 1}
+    for records in ([{"err_abs": {"x": 1}, "status": []}], ["not a record"], 7):
+        bad.write_text(json.dumps({**head, "records": records}))
+        with pytest.raises(sbs_widget.LoadError, match="malformed|report"):
+            load_report(bad)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo.json")
+        with pytest.raises(sbs_widget.LoadError, match="FIFO"):
+            load_report(tmp_path / "fifo.json")
+
+
 HOSTILE = ["a|b", "tick`s``x", "line\nbreak", "<script>alert(1)</script>", "rev\u202eersed", "http://evil.example",
            "www.evil.example", "me@evil.example", "[link](http://x)", "**bold**", "x" * 100_000, "`", " "]
 

@@ -204,18 +204,36 @@ def _decode(d: dict, numeric: frozenset) -> dict:
 
 def record_from_dict(d: dict) -> Record:
     """A ``Record`` from its JSON form (unknown fields ignored, missing ones at their default)."""
+    if not isinstance(d, dict):
+        raise TypeError(f"a record is a JSON object, not {type(d).__name__}")
     d = _decode(d, _RECORD_NUMERIC)
     kept = {k: v for k, v in d.items() if k in RECORD_FIELDS}
     if isinstance(kept.get("histogram"), list):
         kept["histogram"] = tuple(kept["histogram"])
+    _check_scalars(kept, "record")
     return Record(**kept)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_scalars(fields: dict, what: str) -> None:
+    """Raise ``TypeError`` unless every field is a JSON scalar, or a sequence of them (a file may come
+    from anyone: a dict where a number goes would fail far from here)."""
+    for k, v in fields.items():
+        items = v if isinstance(v, (list, tuple)) else (v,)
+        if not all(isinstance(x, _SCALARS) for x in items):
+            raise TypeError(f"{what} field {k!r} holds {type(v).__name__} of non-scalars")
 
 
 def culprit_from_dict(d: dict):
     from sbs_widget.blame.culprits import Culprit
 
     names = {f.name for f in dataclasses.fields(Culprit)}
+    if not isinstance(d, dict):
+        raise TypeError(f"a culprit is a JSON object, not {type(d).__name__}")
     kept = {k: v for k, v in _decode(d, _CULPRIT_NUMERIC).items() if k in names}
+    _check_scalars(kept, "culprit")
     for name in ("onnx_node", "onnx_name", "onnx_op_type", "ep_name", "ep_target"):
         kept.setdefault(name, None)
     kept.setdefault("module", "")
@@ -282,10 +300,10 @@ def report_from_dict(data: dict) -> Report:
         if isinstance(v, dict):
             names = set(Verdict.__dataclass_fields__)
             verdict = Verdict(**{k: x for k, x in _decode(v, _VERDICT_NUMERIC).items() if k in names})
-    except TypeError as e:
-        raise LoadError(f"a malformed report: {e}") from e
-    if verdict is None:
-        verdict = judge(records)
+        if verdict is None:
+            verdict = judge(records)
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
+        raise LoadError(f"a malformed report: {type(e).__name__}: {str(e)[:200]}") from None
     return Report(records=records, culprits=culprits, verdict=verdict, settings=dict(data.get("settings") or {}),
                   sources=dict(data.get("sources") or {}), versions=dict(data.get("versions") or {}),
                   created=str(data.get("created") or ""), message=str(data.get("message") or ""))
@@ -297,15 +315,22 @@ def load_report(path) -> Report:
     ``.widget()`` an ``SbsWidget`` showing them.
 
     Raises ``LoadError`` for a missing, unreadable or foreign file."""
+    from sbs_widget.load.plain_files import check_regular_file
+    from sbs_widget.load.pt2_checks import MAX_JSON_ELEMENTS, json_elements
+
     path = os.fspath(path)
+    check_regular_file(path, "report")  # a FIFO would block the read
     try:
         size = os.path.getsize(path)
         if size >= MAX_REPORT_BYTES:
             raise LoadError(f"{path!r}: {size} bytes, too large for a report")
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f, parse_constant=lambda name: _NONFINITE[name])
+        with open(path, "rb") as f:
+            raw = f.read()
+        if json_elements(raw) > MAX_JSON_ELEMENTS:  # parsed, each value costs ~100 bytes
+            raise LoadError(f"{path!r}: JSON of more than {MAX_JSON_ELEMENTS} values, more than a report holds")
+        data = json.loads(raw.decode("utf-8"), parse_constant=lambda name: _NONFINITE[name])
     except LoadError:
         raise
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise LoadError(f"cannot read the report {path!r}: {e}") from e
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise LoadError(f"cannot read the report {path!r}: {type(e).__name__}: {str(e)[:200]}") from None
     return report_from_dict(data)
