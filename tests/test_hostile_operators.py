@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-import time
 import warnings
 
 import pytest
@@ -269,13 +268,11 @@ def test_endless_while_loop_ends_at_the_time_limit(tmp_path):
         except BaseException as e:  # noqa: BLE001 - the test reads it
             ended.append(e)
 
-    begin = time.monotonic()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(60)
     assert not thread.is_alive(), "the torch side's loop ignored the time limit"
     assert len(ended) == 1 and isinstance(ended[0], RunTimeout), ended
-    assert time.monotonic() - begin < 60
     assert "while_loop" in str(ended[0]) and "time limit of 2 s reached" in str(ended[0])
     assert any(r.kind == "input" for r in records), "the records computed so far are kept"
 
@@ -307,10 +304,8 @@ def test_loop_inside_control_flow_obeys_the_stop_button():
     runner.cancel = token
     runner.feed(flat_inputs(ep, (x, torch.tensor(10**12)), {}))
     threading.Timer(0.5, token.cancel).start()
-    begin = time.monotonic()
     with pytest.raises(sbs_widget.RunCancelled, match="stopped at FX node 'cond'"):
         runner.run_to(len(runner.nodes) - 1, [])
-    assert time.monotonic() - begin < 30
 
 
 # -- real exports load unchanged -----------------------------------------------------------------

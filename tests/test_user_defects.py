@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -192,12 +191,10 @@ print("ENDING", w.runs[-1].status, w.runs[-1].fx_done, w.runs[-1].fx_total, flus
 
 
 def test_script_ending_during_a_widget_run_ends_cleanly():
-    started = time.monotonic()
     done = run_python(_ENDS_DURING_RUN)
     assert "ENDING running" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
     assert "terminate called" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - started < 300
 
 
 # -------------------------------------------------------------- #11: mismatch found before decomposing
