@@ -50,6 +50,7 @@ class Record:
       channel shows at a glance. Filled for pairs beyond tolerance only.
     - ``min_atol``: the smallest atol this pair passes at the run's rtol (0 when rtol alone covers
       it): the figure to pick a CI tolerance from.
+    - ``metrics``: the figures asked for with ``metrics=`` (cosine similarity, SQNR...), by name.
     - ``err_torch`` / ``err_onnx`` / ``ref_scale``: for pairs beyond tolerance, the node rerun in float64
       on torch's inputs is the reference (``engine/reference.py``): max |torch - reference| (torch's own
       rounding), max |ONNX node-local value - reference| (onnxruntime's, on the same inputs), and
@@ -100,6 +101,9 @@ class Record:
     # the finer torch reference it is compared with (None when it cannot be paired: see the comment)
     inner_of: str | None = None
     inner_op: str | None = None
+    # the figures asked for with ``metrics=`` (``engine/user_metrics.py``), by name: they describe the
+    # pair, the verdict stays the tolerance's
+    metrics: dict[str, float] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

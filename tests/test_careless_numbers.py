@@ -164,7 +164,7 @@ def test_a_bad_tolerance_is_refused_with_what_to_pass(value):
     for atol, rtol in ((value, None), (None, value), (1e-4, value)):
         with pytest.raises(InputError, match=r"tol=.* is not a tolerance: pass a finite number >= 0"):
             resolve(atol, rtol, torch.float32)
-    assert valid_tolerance("atol", 0) == 0.0 and resolve(np.float32(0.5), 0, None) == (0.5, 0.0)
+    assert valid_tolerance("atol", 0) == 0.0 and tuple(resolve(np.float32(0.5), 0, None)) == (0.5, 0.0)
 
 
 def test_run_aligned_prepare_and_culprits_refuse_a_nan_tolerance(token_model):

@@ -245,6 +245,10 @@ def run_aligned(ep, onx=None, args=(), kwargs=None, *, runtime: str | Runtime = 
     - ``time_limit``: seconds the run may take (from its first record); past it the run ends with
       ``RunTimeout`` naming the node it was at (an onnxruntime call in flight is terminated), the
       records yielded so far being the consumer's to keep.
+    - ``metrics``: figures measured beside the verdict on every compared pair, in ``Record.metrics``
+      (and the table's, the DataFrame's and the CLI's columns): names (``max_abs``, ``max_rel``,
+      ``cosine``, ``sqnr_db``, ``nmse``, ``top1``, ``top5``...), callables ``f(torch, onnx) -> float``, or
+      a dict name -> either (``engine/user_metrics.py``).
     - ``keep_sessions=False``: drop each compiled segment once done (see ``Prepared.run``): less
       memory, and reruns compile again.
     """

@@ -39,8 +39,10 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
 
     def __init__(self, p: Prepared, flat, runtime, atol, rtol, reset, node_local, exc, progress,
                  histogram, segment_nodes, keep_sessions=True, device: torch.device = torch.device("cpu"),
-                 cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None):
+                 cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None,
+                 figures: tuple = ()):
         self.p, self.flat, self.rt = p, flat, runtime
+        self.figures = figures  # metrics asked for (user_metrics.py)
         self.cancel = cancel or Cancel()  # time limit, stop, Ctrl-C (checked once per segment)
         self.keep_sessions = keep_sessions
         self.used: list[tuple] = []  # compiled pieces used by the current segment
@@ -63,7 +65,7 @@ class LockstepRun(OnnxSide, NodeLocalRuns, Measuring, Judging, InnerValues):
         self.done = 0
         cuts = {p.index.producer[v] for v in reset}
         # cuts kept for the next run, and the one of the run before this one restarts from (restart.py)
-        same = (atol, rtol, node_local, histogram, reference, segment_nodes, exc)
+        same = (atol, rtol, node_local, histogram, reference, segment_nodes, exc, figures)
         self.kept, self.restart = open_cuts(p, flat, runtime, device, same, frozenset(reset), keep_cuts)
         if self.restart is not None:
             cuts.add(self.restart.start - 1)

@@ -11,6 +11,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.dtypes import numpy_elem_type, onnx_elem_type
 from sbs_widget.engine.metrics import EMPTY_NOTE, as_numpy, beyond_where, compute_errors_many, same_shape
+from sbs_widget.engine.user_metrics import measure as measure_figures
 from sbs_widget.errors import ToleranceExceeded
 from sbs_widget.records import HISTOGRAM_EDGES, Record
 from sbs_widget.strings import shape_type
@@ -101,6 +102,9 @@ class Measuring:
         for rec, (e, g) in zip(ready, arrays):
             if rec.status == R.MISMATCH:  # rare: one more pass over this pair only
                 rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
+        if self.figures:
+            for rec, (e, g) in zip(ready, arrays):
+                rec.metrics = measure_figures(self.figures, e, g)
 
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
         """Both values as numpy arrays of one shape, or None with the record marked as an error."""

@@ -34,6 +34,7 @@ from sbs_widget.engine.run_plan import FX_ONE_SIDED, ReleasePlan, fx_after, rele
 from sbs_widget.engine.runtimes import Runtime, get_runtime
 from sbs_widget.engine.segments import Segment, describe_segment, plan_segments, weights_budget
 from sbs_widget.engine.tolerance import least_precise, resolve
+from sbs_widget.engine.user_metrics import resolve_metrics
 from sbs_widget.engine.weights import Weights
 from sbs_widget.errors import InputError, ModelMismatchError
 from sbs_widget.load.mapped_weights import weight_files
@@ -396,7 +397,8 @@ class Prepared:
             node_local: bool = False, exc: bool = False, progress: Progress | None = None,
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
             keep_sessions: bool = True, time_limit: float | None = None,
-            cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None) -> Iterator[Record]:
+            cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None,
+            metrics=None) -> Iterator[Record]:
         """Yield records in execution order; see ``run_aligned`` for the options.
 
         ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
@@ -404,7 +406,9 @@ class Prepared:
         an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
         than the model itself.
         ``cancel``: a token another thread may fire to stop the run; ``time_limit`` is armed on it.
-        ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default)."""
+        ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default).
+        ``metrics``: figures measured beside the verdict (``user_metrics.py``), in ``Record.metrics``."""
+        figures = resolve_metrics(metrics)
         for f in self.weight_files:  # (weights read from their file as needed: it must be the one loaded)
             f.check_unchanged()
         if cancel is None:
@@ -432,7 +436,8 @@ class Prepared:
         rt = get_runtime(runtime, cuda=cuda, threads=threads)
         reset = self.resolve_names(reset_names)
         return LockstepRun(self, flat, rt, atol, rtol, set(reset.values()), node_local, exc, progress,
-                           histogram, segment_nodes, keep_sessions, device, cancel, reference, keep_cuts).records()
+                           histogram, segment_nodes, keep_sessions, device, cancel, reference, keep_cuts,
+                           figures).records()
 
 
 _ALIAS_COMMENT = "no-op removed by the ONNX optimizer: compared with its input's twin"

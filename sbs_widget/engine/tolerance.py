@@ -17,8 +17,10 @@ tolerance is float16's scaled by the ratio of their epsilons. A tolerance given 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import re
 
 import torch
 
@@ -63,11 +65,89 @@ def checked(atol, rtol) -> tuple[float | None, float | None]:
             None if rtol is None else valid_tolerance("rtol", rtol))
 
 
-def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> tuple[float, float]:
-    """``(atol, rtol)``: each one given as is (validated), each ``None`` the default for ``dtype``."""
-    atol, rtol = checked(atol, rtol)
-    default = tolerance_for(dtype)
-    return (default if atol is None else atol), (default if rtol is None else rtol)
+def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> Tolerance:
+    """``Tolerance.resolve``: each one given as is (validated), each ``None`` the default for ``dtype``."""
+    return Tolerance.resolve(atol, rtol, dtype)
+
+
+# ONNX element types compared exactly (integers and bools): a difference of 1 is a wrong answer.
+EXACT_ELEM_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13, 21, 22)
+_ELEM_TYPE = re.compile(r"^T(\d+)s")
+
+
+def is_exact(record) -> bool:
+    """Whether a side of ``record`` holds integers or bools (by its shape text, ``T7s2x16``)."""
+    for text in (record.ep_shape_type, record.onnx_shape_type):
+        m = _ELEM_TYPE.match(text) if text else None
+        if m and int(m.group(1)) in EXACT_ELEM_TYPES:
+            return True
+    return False
+
+
+# The culprit finder traces errors back through the graph; an error below this share of atol is float
+# rounding carried along, not a signal (a pair within tolerance can still hold that much: a quarter of
+# an ulp at the values' scale, summed over a reduction). One hundredth keeps it two decades below the
+# verdict, where a real fault that fails the tolerance downstream is already visible.
+TRACE_SHARE = 1e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """The one rule a pair is judged by, resolved once per run.
+
+    - Floating pairs: within when every element has ``|onnx - torch| <= atol + rtol * |torch|``.
+    - Integer and bool pairs (either side): exact, whatever atol and rtol say.
+    - NaN and Inf: positions where both sides hold the same non-finite value (NaN and NaN, +inf and
+      +inf) agree; anywhere else a non-finite value is beyond any tolerance (``err_nan``).
+    - Defaults follow the program's least precise floating type (``tolerance_for``); a value given
+      is used as is.
+
+    Iterating gives ``(atol, rtol)``: ``atol, rtol = prepared.tolerance()``.
+    """
+
+    atol: float
+    rtol: float
+    dtype: torch.dtype | None = None  # the least precise floating type the program computes in
+    atol_default: bool = False  # whether atol is the default for ``dtype`` (said in summaries)
+    rtol_default: bool = False
+
+    @classmethod
+    def resolve(cls, atol: float | None, rtol: float | None, dtype: torch.dtype | None) -> "Tolerance":
+        """Each of ``atol``/``rtol`` given as is (validated), each ``None`` the default for ``dtype``."""
+        a, r = checked(atol, rtol)
+        default = tolerance_for(dtype)
+        return cls(default if a is None else a, default if r is None else r, dtype, a is None, r is None)
+
+    def __iter__(self):
+        return iter((self.atol, self.rtol))
+
+    @property
+    def trace_floor(self) -> float:
+        """Errors below this are rounding when the culprit finder traces back (``TRACE_SHARE``)."""
+        return self.atol * TRACE_SHARE
+
+    def within_record(self, record, atol: float | None = None) -> bool | None:
+        """The verdict of a measured record at this rtol and ``atol`` (default: this one); None when
+        nothing was compared. ``Record.min_atol`` is the smallest atol at which every element passes
+        at this rtol, so another atol gets the element-wise rule itself, not a stand-in for it."""
+        if record.err_abs is None:
+            return None
+        atol = self.atol if atol is None else atol
+        if atol == self.atol and record.within_tolerance is not None:
+            return bool(record.within_tolerance)
+        if record.err_nan or math.isnan(record.err_abs):
+            return False
+        if is_exact(record):
+            return record.err_abs == 0
+        return (record.err_abs if record.min_atol is None else record.min_atol) <= atol
+
+    def describe(self) -> str:
+        """One line for summaries (``describe``)."""
+        return describe(self.atol, self.rtol, self.dtype, (self.atol_default, self.rtol_default))
+
+    def as_spec(self) -> dict:
+        """What the front end needs to apply the rule (``views``, ``js/rules.js``)."""
+        return {"atol": self.atol, "rtol": self.rtol, "trace_share": TRACE_SHARE}
 
 
 def cli_tolerance(text: str) -> float:
