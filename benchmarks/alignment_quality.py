@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     import torch
 
     from sbs_widget.engine.entry import prepare
+    from sbs_widget.engine.summary import summarize
     from sbs_widget.samples import zoo
-    from sbs_widget.views.summary import summarize
 
     rows = []
     for name in args.models.split(","):

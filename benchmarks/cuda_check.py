@@ -44,7 +44,7 @@ def _to(device, value):
 def _run(prepared, args, kwargs, **options):
     import torch
 
-    from sbs_widget.views.summary import summarize
+    from sbs_widget.engine.summary import summarize
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()

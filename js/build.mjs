@@ -9,15 +9,14 @@ import { fileURLToPath } from "node:url";
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const watch = process.argv.includes("--watch");
 
-// js/spec.gen.js from sbs_widget/views/shared_rules.py (the one source of the rules both sides apply).
+// js/spec.gen.js from sbs_widget/shared_rules.py (the one source of the rules both sides apply).
 // The two package modules it needs are loaded without sbs_widget/__init__.py: no torch import, and a
 // half-edited engine module elsewhere cannot break the build. Without Python the committed file stays
 // (tests/test_shared_rules.py fails when it is stale).
 const SPEC_SCRIPT = `
 import sys, types
-for name, path in (("sbs_widget", "sbs_widget"), ("sbs_widget.views", "sbs_widget/views")):
-    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m
-from sbs_widget.views.shared_rules import js_module
+m = types.ModuleType("sbs_widget"); m.__path__ = ["sbs_widget"]; sys.modules["sbs_widget"] = m
+from sbs_widget.shared_rules import js_module
 sys.stdout.write(js_module())
 `;
 function writeSpec() {

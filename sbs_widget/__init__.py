@@ -3,8 +3,6 @@ values, measure every pair and point at the node where the difference starts."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING
 
@@ -21,6 +19,7 @@ from sbs_widget.errors import (
     SbsWidgetWarning,
     ToleranceExceeded,
 )
+from sbs_widget.version import __version__ as __version__
 
 # The rest is imported on first use (PEP 562): ``import sbs_widget`` (and ``python -m sbs_widget --help``)
 # does not pay for torch, onnx and onnxruntime. Each name: the module defining it.

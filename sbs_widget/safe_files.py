@@ -21,7 +21,7 @@ import contextlib
 import os
 
 from sbs_widget.errors import InputError
-from sbs_widget.views.safe_text import atomic_path
+from sbs_widget.safe_text import atomic_path
 
 
 @contextlib.contextmanager

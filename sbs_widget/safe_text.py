@@ -16,7 +16,7 @@ import os
 import re
 import tempfile
 
-from sbs_widget.views.shared_rules import HIDDEN_RANGES
+from sbs_widget.shared_rules import HIDDEN_RANGES
 
 # OWASP CSV injection: a cell starting with one of these is read as a formula by spreadsheets.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

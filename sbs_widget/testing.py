@@ -25,7 +25,7 @@ import torch
 
 from sbs_widget import records as R
 from sbs_widget.gate.verdict import CANNOT_JUDGE, MISMATCH, NOISE, Verdict, check_fail_on, headline, judge
-from sbs_widget.views.safe_text import clipped, visible
+from sbs_widget.safe_text import clipped, visible
 
 __all__ = ["AlignmentError", "assert_aligned"]
 

@@ -13,8 +13,8 @@ from engine_models import export_module, exported
 
 import sbs_widget
 from sbs_widget import records as R
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import faults, zoo
-from sbs_widget.views.summary import summarize
 
 CLEAN = "outputs agree within tolerance; 0 culprits"
 

@@ -9,9 +9,9 @@ from engine_models import export_module, exported, node_named
 
 import sbs_widget
 from sbs_widget.engine.entry import prepare
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import faults, zoo
 from sbs_widget.samples.zoo import fused_for_ort
-from sbs_widget.engine.summary import summarize
 
 
 @pytest.mark.parametrize("optimize", [False, True])

@@ -17,8 +17,8 @@ from onnx import helper
 
 import sbs_widget
 from sbs_widget.engine.entry import prepare
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import faults
-from sbs_widget.views.summary import summarize
 
 
 def test_ep_and_onnx_from_different_models():

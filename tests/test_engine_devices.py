@@ -15,8 +15,8 @@ from torch.utils._pytree import tree_map_only
 
 import sbs_widget
 from sbs_widget.engine.entry import prepare
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import faults
-from sbs_widget.views.summary import summarize
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import sbs_widget
+from sbs_widget.align.fx_graph import last_uses, program_outputs
 from sbs_widget.engine.entry import prepare
-from sbs_widget.engine.fx_runner import flat_inputs, last_uses, program_outputs
+from sbs_widget.engine.fx_runner import flat_inputs
 from sbs_widget.engine.reference import NoReference, leaves, program_reference, reference_of
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import faults, zoo
-from sbs_widget.views.summary import summarize
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from sbs_widget.cli.compare import write_records
 from sbs_widget.cli.main import main
 from sbs_widget.errors import InputError
 from sbs_widget.records import Record
+from sbs_widget.safe_text import short_name, spreadsheet_cell, visible
 from sbs_widget.samples import faults
-from sbs_widget.views.safe_text import short_name, spreadsheet_cell, visible
 
 # relu's value: a formula, NUL, an ANSI colour, a bidi override, "\N{", quotes, a newline, a backslash
 EVIL = '=HYPERLINK("http://x")\x00\x1b[31m\u202eevil\\N{x}\'"\n\\'

@@ -1,6 +1,6 @@
 """The rules both the kernel and the view apply give the same answers on both sides.
 
-The same records go through the Python rules (sbs_widget.views.shared_rules, the DOT painter) and, via
+The same records go through the Python rules (sbs_widget.shared_rules, the DOT painter) and, via
 node, through the JS modules the bundle is built from (js/rules.js, js/rows.js, js/graphs/model.js).
 """
 

@@ -15,8 +15,8 @@ from sbs_widget import records as R
 from sbs_widget.align.same_program import NODE, first_difference, parse_call
 from sbs_widget.engine.entry import prepare
 from sbs_widget.engine.metrics import compute_errors, compute_errors_many
+from sbs_widget.engine.summary import summarize
 from sbs_widget.errors import NothingJudgedWarning, ProgramMismatchWarning, SbsWidgetWarning
-from sbs_widget.views.summary import summarize
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import torch
 
 import sbs_widget
 from sbs_widget.align.user_program import value_producing
+from sbs_widget.engine.summary import summarize
 from sbs_widget.samples import zoo
-from sbs_widget.views.summary import summarize
 
 
 class Padded(torch.nn.Module):

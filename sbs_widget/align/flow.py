@@ -54,7 +54,7 @@ class OnnxFlow:
     """The group's ONNX nodes read as carriers, constants and computing nodes."""
 
     def __init__(self, index, group_nodes, initializers: set, out_type: int):
-        from sbs_widget.blame.inside import elem_type
+        from sbs_widget.align.elem_types import elem_type
 
         self.nodes = [n for n in group_nodes if n.output]
         self.producer = {o: n for n in self.nodes for o in n.output if o}

@@ -75,7 +75,7 @@ def fused_input_pairs(p, pair_carriers, taken: set) -> list[FusedInputs]:
     of ``inner_pairs``; ``taken``: ONNX values already paired)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from sbs_widget.engine.fx_runner import example_tensor
+    from sbs_widget.align.fx_graph import example_tensor
 
     index, twins = p.index, p.alignment.onnx_to_fx
     out = []
@@ -111,7 +111,7 @@ def rewritten_split_pairs(p, taken: set) -> list[FusedInputs]:
     of the same value (``taken``: ONNX values already paired)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from sbs_widget.engine.fx_runner import example_tensor
+    from sbs_widget.align.fx_graph import example_tensor
 
     index, twins = p.index, p.alignment.onnx_to_fx
     out = []

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sbs_widget.align.fused_inputs import fused_input_pairs, rewritten_split_pairs
-from sbs_widget.blame.flow import (
+from sbs_widget.align.flow import (
     FX_CARRY,
     KINDS,
     ONNX_CARRY,
@@ -31,8 +30,9 @@ from sbs_widget.blame.flow import (
     op_name,
     pair,
 )
-from sbs_widget.blame.references import composite_program, reference_program
-from sbs_widget.engine.fx_runner import example_tensor
+from sbs_widget.align.fused_inputs import fused_input_pairs, rewritten_split_pairs
+from sbs_widget.align.fx_graph import example_tensor
+from sbs_widget.align.references import composite_program, reference_program
 
 # ONNX carrier -> the aten carriers doing the same rearrangement
 _CARRIER_KINDS = {
@@ -181,7 +181,7 @@ def build_inner_plan(p) -> InnerPlan:
     """The ``InnerPlan`` of a prepared pair ``p``."""
     import os
 
-    from sbs_widget.blame.inside import elem_type
+    from sbs_widget.align.elem_types import elem_type
 
     index, al = p.index, p.alignment
     twins = al.onnx_to_fx
@@ -273,7 +273,7 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
     finer node reads; those of a Constant or an initializer are recorded with the node reading them
     (not the program's weights: their own records compare them).
     Returns the finer constant nodes the reference must hand back."""
-    from sbs_widget.blame.inside import elem_type
+    from sbs_widget.align.elem_types import elem_type
 
     finer = {f.name: f for f in fflow.nodes} | {n: None for n in fflow.const}
     paired_fx = set(paired.values())
@@ -304,7 +304,7 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
 def _attempt(p, group_nodes, g, value: str, node, traced, weight_of: dict, inside: list):
     """The translation's ONNX nodes paired with the traced reference ``traced``: (ONNX value -> its node,
     the inside values paired, why the others read the same values but compute another op, flows)."""
-    from sbs_widget.blame.inside import elem_type
+    from sbs_widget.align.elem_types import elem_type
 
     index, twins = p.index, p.alignment.onnx_to_fx
     gm, placeholder_fx, label, _ = traced

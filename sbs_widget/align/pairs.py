@@ -26,6 +26,7 @@ import operator
 import torch
 
 from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
+from sbs_widget.align.fx_graph import numel_hint, program_outputs
 from sbs_widget.align.initializers import is_literal_of, read_transposed, stored_transposed
 from sbs_widget.align.merged_weights import merged_into, removed_comment
 from sbs_widget.align.twinless import (
@@ -38,7 +39,6 @@ from sbs_widget.align.twinless import (
 from sbs_widget.dtypes import (
     TORCH_TO_ONNX,
 )
-from sbs_widget.engine.fx_runner import numel_hint, program_outputs
 from sbs_widget.load.onnx_index import OnnxIndex, ValueType
 from sbs_widget.strings import shape_type
 

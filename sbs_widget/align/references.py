@@ -149,7 +149,7 @@ def composite_program(nodes: list, values: dict):
     outside, by FX name. None when one of them has no reference and is no plain op."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from sbs_widget.blame.flow import FX_CARRY, op_name
+    from sbs_widget.align.flow import FX_CARRY, op_name
 
     inside = {n.name for n in nodes}
     fns, labels = [], []

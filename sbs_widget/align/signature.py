@@ -11,9 +11,9 @@ from __future__ import annotations
 import onnx
 import torch
 
+from sbs_widget.align.fx_graph import program_outputs
 from sbs_widget.align.pairs import is_scalar
 from sbs_widget.dtypes import onnx_elem_type
-from sbs_widget.engine.fx_runner import program_outputs
 from sbs_widget.errors import ModelMismatchError
 
 _FIX = ("the ONNX model was not exported from this program: export it from this one "

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sbs_widget.align.fx_graph import dead_nodes
 from sbs_widget.align.pairs import is_scalar
-from sbs_widget.engine.fx_runner import dead_nodes
 
 
 def value_producing(node: torch.fx.Node) -> bool:

@@ -52,7 +52,7 @@ class Culprits(list):
     """The culprits found (a list, most likely first). ``cannot_judge``: a sentence when none was found
     because nothing could be judged (the pairs compared no finite element: all-NaN inputs), None
     otherwise: then an empty list means no node creates a difference. ``verdict``: with no culprit,
-    the run's one-line verdict (``views.summary.verdict_line``): the outputs agree within tolerance,
+    the run's one-line verdict (``engine.summary.verdict_line``): the outputs agree within tolerance,
     or they differ beyond it by rounding only, from the node named; None otherwise."""
 
     cannot_judge: str | None = None

@@ -304,7 +304,7 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
             out.cannot_judge = f"cannot judge, no culprit can be named: {blind}"
             warnings.warn(out.cannot_judge, NothingJudgedWarning, stacklevel=2)
         else:
-            from sbs_widget.views.summary import run_verdict
+            from sbs_widget.engine.summary import run_verdict
 
             out.verdict = run_verdict(records)
     return out

@@ -2,10 +2,10 @@
 
 When a group of ONNX nodes recomputing one FX value differs on torch's inputs and holds computing nodes
 besides the compared one (SiLU as Sigmoid then Mul; attention as ~10 nodes), the FX node alone cannot
-say which. A finer program for the FX node (``blame/references.py``: attention's math definition,
+say which. A finer program for the FX node (``align/references.py``: attention's math definition,
 softmax as torch writes it, torch's own decomposition) run on the same torch inputs gives references
 for the inside of the translation. ONNX nodes are paired with its nodes by structure only
-(``blame/flow.py``: op kinds and the data flow from the shared inputs, carriers and constants read the
+(``align/flow.py``: op kinds and the data flow from the shared inputs, carriers and constants read the
 same way on both sides). The first paired node whose value differs from its reference, beyond tolerance
 and beyond rounding (``engine/noise.py``'s rule, against the same reference run in float64), while its
 inputs agree is where the difference starts; when the constants it reads (a scale, a fill value, a
@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 import torch
 
-from sbs_widget.blame.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, constant_refs, op_name, pair
-from sbs_widget.blame.references import reference_program
+from sbs_widget.align.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, constant_refs, op_name, pair
+from sbs_widget.align.references import reference_program
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import upcast
 
@@ -91,7 +91,7 @@ def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: 
     ONNX node (or the constant it reads) inside ``value``'s group whose value differs from torch's finer
     reference while its inputs agree; None when nothing can be said. ``values``: torch values by FX name
     (the FX node's arguments and the group's anchors' twins)."""
-    from sbs_widget.blame.inside import elem_type
+    from sbs_widget.align.elem_types import elem_type
 
     g = prepared.group(value)
     if g is None or fx_name not in prepared.fx_position:
@@ -218,7 +218,7 @@ def _run_group(prepared, g, group_nodes, values: dict, wanted: list[str]) -> dic
     """The group's ONNX values ``wanted`` on torch's anchor values (onnxruntime, optimizations off)."""
     import onnxruntime as ort
 
-    from sbs_widget.blame.inside import elem_type
+    from sbs_widget.align.elem_types import elem_type
 
     index, twins = prepared.index, prepared.alignment.onnx_to_fx
     feeds, inputs = {}, []

@@ -30,7 +30,7 @@ from sbs_widget.engine.fx_runner import torch_values
 from sbs_widget.engine.node_local import ANCHOR, local_model
 from sbs_widget.errors import InputError
 from sbs_widget.safe_files import output_folder, output_path
-from sbs_widget.views.safe_text import short_name
+from sbs_widget.safe_text import short_name
 
 OUTPUT = "expected"
 BUNDLE_FILES = ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py",

@@ -82,7 +82,7 @@ def _check(args) -> int:
     from sbs_widget.cli.compare import WRITERS
     from sbs_widget.cli.main import check_output_file
     from sbs_widget.errors import SbsError
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     def bad(text: str) -> int:
         print(f"error: {visible(text, newlines=True)}", file=sys.stderr)
@@ -120,8 +120,8 @@ def _run(args, files) -> int:
     from sbs_widget.gate.report import build_report
     from sbs_widget.gate.verdict import MISMATCH, judge
     from sbs_widget.load.readers import load_inputs
+    from sbs_widget.safe_text import visible
     from sbs_widget.testing import failure_message
-    from sbs_widget.views.safe_text import visible
 
     prepared = prepare(files["ep"], files["onnx"])
     atol, rtol = prepared.tolerance(args.atol, args.rtol)
@@ -175,6 +175,6 @@ def _run(args, files) -> int:
 
 
 def e_text(e) -> str:
-    from sbs_widget.views.safe_text import clipped
+    from sbs_widget.safe_text import clipped
 
     return clipped(str(e), 200)

@@ -86,9 +86,9 @@ def _demo(args) -> int:
 def _run_and_report(prepared, inputs, kwargs, args) -> int:
     from tqdm import tqdm
 
+    from sbs_widget.engine.summary import summarize
     from sbs_widget.engine.tolerance import describe as describe_tolerance
-    from sbs_widget.views.safe_text import visible
-    from sbs_widget.views.summary import summarize
+    from sbs_widget.safe_text import visible
 
     bar = None if args.quiet else tqdm(total=prepared.n_fx_nodes, unit="node", desc="comparing", file=sys.stderr)
 
@@ -148,7 +148,7 @@ def exit_now(code: int) -> None:
 
 def _write_partial(records, args) -> None:
     """Ctrl-C while a runtime call ignores terminate: what was compared is written anyway."""
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     if args.output and records:
         write_records(records, args.output, atol=args.atol, rtol=args.rtol)
@@ -157,7 +157,7 @@ def _write_partial(records, args) -> None:
 
 def _print_culprits(records, prepared, args) -> None:
     from sbs_widget.blame.culprits import find_culprits
-    from sbs_widget.views.safe_text import clipped, visible
+    from sbs_widget.safe_text import clipped, visible
 
     found = find_culprits(records, top=args.culprits, prepared=prepared, atol=args.atol, rtol=args.rtol)
     if not found:
@@ -177,7 +177,7 @@ def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4)
     are neutralised (``safe_text.spreadsheet_cell``): no formula, no control character; parquet and
     html keep the names exact (typed columns; the page renders text, never markup)."""
     from sbs_widget.records import to_dataframe
-    from sbs_widget.views.safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
+    from sbs_widget.safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
 
     ext = os.path.splitext(path)[1].lower()
     if ext not in WRITERS:

@@ -50,7 +50,7 @@ def _files(p) -> None:
 def _culprits(args) -> int:
     from sbs_widget.blame.culprits import culprits
     from sbs_widget.engine.entry import prepare
-    from sbs_widget.views.safe_text import clipped, visible
+    from sbs_widget.safe_text import clipped, visible
 
     found = culprits(prepare(args.ep, args.onnx), None, args.inputs, top=args.top, atol=args.atol,
                      rtol=args.rtol, runtime=args.runtime)
@@ -73,7 +73,7 @@ def _culprits(args) -> int:
 def _repro(args) -> int:
     from sbs_widget.blame.repro import BUNDLE_FILES, export_repro
     from sbs_widget.engine.entry import prepare
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     check_output_folder(args.output, BUNDLE_FILES, args.force)  # before the run
     bundle = export_repro(prepare(args.ep, args.onnx), args.inputs, args.name, args.output,

@@ -69,7 +69,7 @@ def config_entry(text: str) -> str:
 def _deployed(args) -> int:
     from sbs_widget.deployed.check import check_deployed
     from sbs_widget.deployed.settings import parse_config
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     options = {"level": args.opt_level, "config": parse_config(args.config)}
     result = check_deployed(args.ep, args.onnx, args.inputs, session_options=options,

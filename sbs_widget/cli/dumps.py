@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     from sbs_widget.cli.main import check_output_file
     from sbs_widget.dumps.compare import compare_dump
     from sbs_widget.records import MISMATCH, OK
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     check_output_file(args.output, (".csv", ".xlsx", ".parquet"))  # before the work, not after
     records = list(compare_dump(args.dump, args.onnx, atol=args.atol, rtol=args.rtol,

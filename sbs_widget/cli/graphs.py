@@ -30,7 +30,7 @@ def _run(args) -> int:
     from sbs_widget.graphs.page import write_graphs_html
     from sbs_widget.load.readers import load_inputs
     from sbs_widget.safe_files import output_path
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     check_output_file(args.output, (".html", ".htm"))  # g.png, a missing folder: said before the run
     prepared = prepare(args.ep, args.onnx)

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from sbs_widget.errors import SbsError
-    from sbs_widget.views.safe_text import visible
+    from sbs_widget.safe_text import visible
 
     try:
         return int(args.func(args) or 0)

@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 
+from sbs_widget.align.fx_graph import program_outputs
 from sbs_widget.deployed.attribute import Attribution
 from sbs_widget.deployed.locate import locate
 from sbs_widget.deployed.repro import write_repro
@@ -32,7 +33,7 @@ from sbs_widget.deployed.result import DeployedResult, Step, output_errors, wors
 from sbs_widget.deployed.sessions import SessionFailed, Sessions
 from sbs_widget.deployed.settings import AS_WRITTEN, deployment
 from sbs_widget.engine.entry import prepare
-from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, program_outputs, torch_values
+from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, torch_values
 from sbs_widget.engine.reference import NoReference, program_reference
 from sbs_widget.engine.runtimes import exact_numpy
 from sbs_widget.errors import ModelMismatchError

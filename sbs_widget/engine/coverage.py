@@ -1,6 +1,6 @@
 """How much of a run was compared, as numbers: ``sbs_widget.coverage(records, prepared)``.
 
-The CLI's summary (``views/summary.py``) prints the same counts in words."""
+The CLI's summary (``engine/summary.py``) prints the same counts in words."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def coverage(records, prepared=None) -> Coverage:
     >>> sbs_widget.coverage([sbs_widget.Record(status="ok", err_abs=0.0)]).pairs_compared
     1
     """
-    from sbs_widget.views.summary import coverage as node_coverage
+    from sbs_widget.engine.summary import coverage as node_coverage
 
     records = list(records)
     compared = [r for r in records if r.status in _COMPARED and r.err_abs is not None]

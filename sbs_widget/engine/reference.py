@@ -17,7 +17,8 @@ import operator
 import torch
 from torch.fx.node import map_aggregate
 
-from sbs_widget.engine.fx_runner import numel_hint, weight_reads
+from sbs_widget.align.fx_graph import numel_hint
+from sbs_widget.engine.fx_runner import weight_reads
 from sbs_widget.load.mapped_weights import PagesRead
 
 REFERENCE_DTYPE = torch.float64

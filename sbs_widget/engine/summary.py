@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import torch
 
 from sbs_widget import records as R
+from sbs_widget.align.fx_graph import dead_nodes
 from sbs_widget.align.user_program import value_holder
-from sbs_widget.engine.fx_runner import dead_nodes
 from sbs_widget.records import Record
-from sbs_widget.views.safe_text import clipped, visible
+from sbs_widget.safe_text import clipped, visible
 
 _COMPARED = (R.OK, R.NOISE, R.MISMATCH, R.RESET)
 

@@ -195,7 +195,7 @@ def _per_data(graphs: dict, label: str) -> dict:
 def write_model_explorer(records, onx, folder, *, culprits=(), program: bool = True) -> list[str]:
     """Write the overlays into ``folder`` (created if needed): ``onnx_error.json``, ``onnx_status.json``,
     ``onnx_verdict.json`` and, with ``program``, ``program_error.json``... Returns the paths written."""
-    from sbs_widget.views.safe_text import atomic_path
+    from sbs_widget.safe_text import atomic_path
 
     os.makedirs(folder, exist_ok=True)
     records = list(records)

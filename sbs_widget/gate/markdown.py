@@ -20,7 +20,7 @@ import math
 import re
 
 from sbs_widget.gate.verdict import AGREE, CANNOT_JUDGE, MISMATCH, NOISE, headline
-from sbs_widget.views.safe_text import clipped, visible
+from sbs_widget.safe_text import clipped, visible
 
 NAME_LIMIT = 80      # characters of a name in a cell
 REASON_LIMIT = 300   # characters of a culprit's reason

@@ -53,9 +53,9 @@ def versions() -> dict:
     """The versions of what made the report: sbs_widget, torch, onnx, onnxruntime, onnxscript, numpy, Python."""
     from importlib import metadata
 
-    import sbs_widget
+    from sbs_widget.version import __version__
 
-    out = {"sbs_widget": sbs_widget.__version__}
+    out = {"sbs_widget": __version__}
     for name in ("torch", "onnx", "onnxruntime", "onnxscript", "numpy"):
         try:
             out[name] = metadata.version(name)
@@ -142,7 +142,7 @@ class Report:
 
     def write(self, path) -> str:
         """Write ``path`` (``.json``: the report; ``.md``: the Markdown summary), complete or not at all."""
-        from sbs_widget.views.safe_text import atomic_path
+        from sbs_widget.safe_text import atomic_path
 
         path = os.fspath(path)
         ext = os.path.splitext(path)[1].lower()

@@ -22,7 +22,7 @@ import graphviz
 
 from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
 from sbs_widget.records import ERROR, KIND_INNER, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
-from sbs_widget.views.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
+from sbs_widget.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
 # Colours, severities and the broadcast rule are shared with the browser's graphs (js/rules.js).

@@ -15,7 +15,7 @@ from sbs_widget.errors import SbsError
 from sbs_widget.graphs.dot import dot_sources
 from sbs_widget.records import Record
 from sbs_widget.safe_files import write_text
-from sbs_widget.views.shared_rules import json_value
+from sbs_widget.shared_rules import json_value
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "graphs_page.js"
 _ROW_FIELDS = ("ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "status", "kind", "module")

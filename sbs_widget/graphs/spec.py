@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from sbs_widget.errors import InputError
-from sbs_widget.views.safe_text import visible  # noqa: F401 - graph labels use the one rule of every view
+from sbs_widget.safe_text import visible  # noqa: F401 - graph labels use the one rule of every view
 
 # The exporter writes "%add_3 : [num_users=2] = call_function[...]" on every ONNX node.
 _FX_NODE_RE = re.compile(r"^%(\S+) :")

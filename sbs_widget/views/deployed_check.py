@@ -16,7 +16,7 @@ import traceback
 
 from sbs_widget.engine.shutdown import track
 from sbs_widget.errors import InputError
-from sbs_widget.views.shared_rules import NON_FINITE
+from sbs_widget.shared_rules import NON_FINITE
 
 RUNNING, DONE, FAILED = "running", "done", "error"
 CHECK_DEPLOYED = "check_deployed"  # the view's message asking for a check (js/deployed.js), content["type"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import html
 
 from sbs_widget import records as R
+from sbs_widget.shared_rules import SEVERITY
 from sbs_widget.views.rows import error_key
-from sbs_widget.views.shared_rules import SEVERITY
 
 WORST_ROWS = 15  # pairs listed: the most severe, then the largest errors
 _COLUMNS = (("status", "status"), ("FX node", "ep_name"), ("ONNX value", "onnx_name"), ("op", "onnx_op_type"),

@@ -12,7 +12,7 @@ import math
 from typing import Iterable, Sequence
 
 from sbs_widget.records import RESET, Record
-from sbs_widget.views.shared_rules import ROW_COLUMNS, json_value, within
+from sbs_widget.shared_rules import ROW_COLUMNS, json_value, within
 
 # The rules the view applies too live in shared_rules (re-exported here for the modules that use them).
 
