@@ -90,7 +90,7 @@ def main(argv=None) -> int:
             nodes = [r for r in records if r.kind == "node" and r.status in ("ok", "noise", "mismatch")
                      and r.onnx_op_type != "initializer"]
             rows.append(dict(
-                model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=prepared.n_onnx_nodes,
+                model=name, optimize=optimize, fx_nodes=prepared.n_fx_nodes, onnx_nodes=len(prepared.index.nodes),
                 records=len(records), compared=s.n_compared, beyond=beyond, noise=noise, errors=errors,
                 coverage=round(100 * (s.coverage or 0), 1),
                 cov_present=round(100 * (s.coverage_of_present or 0), 1), folded=s.folded, fused=s.fused,

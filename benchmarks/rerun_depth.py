@@ -52,9 +52,9 @@ def main() -> int:
         ep, prog, args, kwargs = zoo.export("llama", layers=a.layers, hidden=a.hidden, seq=a.seq, batch=a.batch)
         p = prepare(ep, prog.model_proto)
         what = f"LLaMA {a.layers} layers, hidden {a.hidden}, seq {a.seq}, batch {a.batch}"
-    weights = p.weight_bytes
+    weights = p.schedule.weight_bytes
     print(f"{what}: weights {weights / 2**20:.0f} MiB, {len(p.index.nodes)} ONNX nodes, "
-          f"live set {p.live_bytes / 2**20:.1f} MiB")
+          f"live set {p.schedule.live_bytes / 2**20:.1f} MiB")
 
     def timed(**kw):
         start = time.perf_counter()
@@ -65,10 +65,10 @@ def main() -> int:
     keep, none = [], []
     for _ in range(a.repeat):
         none.append(timed(keep_cuts=0)[1])
-        p._run_cuts = None  # a first run: nothing to restart from
+        p.cache.run_cuts = None  # a first run: nothing to restart from
         first, seconds = timed()
         keep.append(seconds)
-    cuts = p._run_cuts
+    cuts = p.cache.run_cuts
     print(f"first run keeping cuts {statistics.median(keep):.3f} s, keeping none {statistics.median(none):.3f} s "
           f"(ratio {statistics.median(keep) / statistics.median(none):.2f}); {len(cuts.cuts)} cuts kept, "
           f"{cuts.nbytes / 2**20:.1f} MiB (budget {cuts.budget / 2**20:.0f} MiB)")
@@ -78,7 +78,7 @@ def main() -> int:
         target = pairs[min(len(pairs) - 1, int(len(pairs) * depth))].onnx_name
         fast, slow = [], []
         for _ in range(a.repeat):
-            p._run_cuts = None
+            p.cache.run_cuts = None
             list(p.run(args, kwargs))  # the run before each rerun: a first run, no reset, cuts kept
             restarted, seconds = timed(reset_names=[target])
             fast.append(seconds)

@@ -102,7 +102,7 @@ def dump(a) -> int:
                     results, false_alarms = ca.evaluate(ep, model, args, kwargs, faults)
                     out.write(json.dumps({"faults": f"{name} optimize={optimize}", "false_alarms": false_alarms})
                               + "\n")
-                    for fault, rank, how, found, *_ in results:
+                    for fault, rank, _how, found, *_ in results:
                         out.write(json.dumps({"faults": f"{name} optimize={optimize}", "fault": fault.description,
                                               "rank": rank, "culprits": [[c.onnx_node, c.onnx_name, c.ep_name]
                                                                          for c in found]}) + "\n")

@@ -707,19 +707,20 @@ def test_no_session_per_node_and_reruns_reuse_sessions():
 
 
 def test_sessions_dropped_after_their_segment_when_not_kept():
+    from sbs_widget.align.pipeline import build_pair
     from sbs_widget.engine.entry import Prepared
 
     ep, prog, args, kwargs = exported("dummy_llm", False)
     p = prepare(ep, prog.model_proto)
     kept = [(r.onnx_name, r.status, r.err_abs) for r in p.run(args, kwargs, segment_nodes=10)]
-    fresh = Prepared(p.decomposed_ep, p.onnx_model)
+    fresh = Prepared(build_pair(p.decomposed_ep, p.onnx_model))
     recs, alive = [], []
     for r in fresh.run(args, kwargs, segment_nodes=10, keep_sessions=False):
         recs.append((r.onnx_name, r.status, r.err_abs))
-        alive.append(len(fresh._compiled))
+        alive.append(len(fresh.cache.compiled))
     assert recs == kept
     assert max(alive) <= 3, "at most the current segment and the next one compiled"
-    assert len(fresh._compiled) == 0
+    assert len(fresh.cache.compiled) == 0
 
 
 def test_memory_values_are_freed_on_both_sides():
@@ -727,15 +728,16 @@ def test_memory_values_are_freed_on_both_sides():
     p = prepare(ep, prog.model_proto)
     from sbs_widget.engine.fx_runner import flat_inputs
     from sbs_widget.engine.lockstep import LockstepRun
+    from sbs_widget.engine.run_parts import RunOptions
     from sbs_widget.engine.runtimes import get_runtime
 
-    run = LockstepRun(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(), 1e-4, 1e-4, set(), False,
-               False, None, False, segment_nodes=10)
+    run = LockstepRun(p, flat_inputs(p.decomposed_ep, args, kwargs), get_runtime(),
+                      RunOptions(p.tolerance(1e-4, 1e-4), histogram=False, segment_nodes=10))
     peak_fx = peak_onnx = 0
     for _ in run.records():
-        n_fx = sum(1 for k in run.runner.env if not k.startswith(("p_", "b_", "c_")))
+        n_fx = sum(1 for k in run.parts.state.fx.env if not k.startswith(("p_", "b_", "c_")))
         peak_fx = max(peak_fx, n_fx)
-        peak_onnx = max(peak_onnx, len(run.onnx_env))
+        peak_onnx = max(peak_onnx, len(run.parts.state.onnx.env))
     total = len([n for n in p.fx_nodes if n.op == "call_function"])
     assert peak_fx < total / 2 and peak_onnx < len(p.index.nodes) / 2
 
@@ -765,14 +767,15 @@ def test_a_duplicate_layers_later_does_not_make_the_fx_side_run_ahead(reshaped):
     p = prepare(ep, prog.model_proto)
     from sbs_widget.engine.fx_runner import flat_inputs
     from sbs_widget.engine.lockstep import LockstepRun
+    from sbs_widget.engine.run_parts import RunOptions
     from sbs_widget.engine.runtimes import get_runtime
 
-    run = LockstepRun(p, flat_inputs(p.decomposed_ep, (x,), {}), get_runtime(), 1e-4, 1e-4, set(), False,
-                      False, None, False, segment_nodes=4)
+    run = LockstepRun(p, flat_inputs(p.decomposed_ep, (x,), {}), get_runtime(),
+                      RunOptions(p.tolerance(1e-4, 1e-4), histogram=False, segment_nodes=4))
     peak_fx, records = 0, []
     for r in run.records():
         records.append(r)
-        peak_fx = max(peak_fx, sum(1 for k in run.runner.env if not k.startswith(("p_", "b_", "c_"))))
+        peak_fx = max(peak_fx, sum(1 for k in run.parts.state.fx.env if not k.startswith(("p_", "b_", "c_"))))
     gates = [r for r in records
              if (r.ep_name.startswith("view") if reshaped else r.ep_target == "aten.sigmoid.default")]
     assert len(gates) == (16 if reshaped else 8), [r.ep_name for r in gates]

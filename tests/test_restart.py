@@ -34,7 +34,7 @@ def _pairs(records):
 def test_a_restarted_rerun_gives_the_records_of_a_full_rerun(llama, depth):
     p, args, kwargs = llama
     first = list(p.run(args, kwargs))
-    assert len(p._run_cuts.cuts) >= 4  # spread over the depth
+    assert len(p.cache.run_cuts.cuts) >= 4  # spread over the depth
     target = _pairs(first)[int(len(_pairs(first)) * depth)].onnx_name
     restarted = list(p.run(args, kwargs, reset_names=[target]))
     reused = [r for r in restarted if REUSED in (r.comment or "")]
@@ -74,7 +74,7 @@ def test_other_inputs_or_options_never_restart(llama):
 def test_the_cuts_stay_within_their_budget(llama):
     p, args, kwargs = llama
     list(p.run(args, kwargs, keep_cuts=200_000))
-    kept = p._run_cuts
+    kept = p.cache.run_cuts
     assert kept.nbytes <= 200_000 and kept.budget == 200_000
 
 
@@ -95,4 +95,4 @@ def test_float16_restarts_only_where_a_full_rerun_cuts_too():
         restarted_any |= any(REUSED in (r.comment or "") for r in restarted)
     assert restarted_any
     edges = {b for _, b in p.plan({p.index.producer[target]}, 40)}  # the last rerun's segment ends
-    assert p._run_cuts.cuts and all(c.start in edges for c in p._run_cuts.cuts)
+    assert p.cache.run_cuts.cuts and all(c.start in edges for c in p.cache.run_cuts.cuts)

@@ -23,7 +23,9 @@ class FxNodeInfo:
 
 
 @dataclass(slots=True)  # one per paired FX node
-class Pair:
+class Twin:
+    """An FX value and its ONNX twin: the value it is compared with, and how they were matched."""
+
     fx_name: str
     onnx_value: str
     how: str          # name | metadata | folded | consumer | input | output | weight
@@ -43,7 +45,7 @@ class WeightPair:
 @dataclass
 class Alignment:
     fx_nodes: list[FxNodeInfo]
-    pairs: dict[str, Pair] = field(default_factory=dict)       # FX node name -> pair
+    pairs: dict[str, Twin] = field(default_factory=dict)       # FX node name -> pair
     onnx_to_fx: dict[str, str] = field(default_factory=dict)   # ONNX value -> FX node name
     weights: list[WeightPair] = field(default_factory=list)
     input_pairs: list[tuple[str, str]] = field(default_factory=list)   # (FX placeholder, ONNX input)

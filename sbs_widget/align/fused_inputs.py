@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from sbs_widget.align.pair import Pair
 
 FUSED_ATTENTION = {"MultiHeadAttention", "GroupQueryAttention"}
 _STEPS = ("Transpose", "Reshape")  # what the rewrite writes between a torch value and the fused node
@@ -34,7 +38,7 @@ def batch_sequence_hidden(*tensors):
     return tuple(out)
 
 
-def _chains(p, node) -> list[tuple[str, list]]:
+def _chains(p: Pair, node) -> list[tuple[str, list]]:
     """(the twinned value it starts from, the Transpose / Reshape nodes in order) per query, key and value
     input of a fused attention ``node``, where such a chain leads to a 4-d torch value."""
     index, twins = p.index, p.alignment.onnx_to_fx
@@ -69,7 +73,7 @@ class FusedInputs:
     fx: str = ""        # the FX node the values belong to (else the translation's, by metadata)
 
 
-def fused_input_pairs(p, pair_carriers, taken: set) -> list[FusedInputs]:
+def fused_input_pairs(p: Pair, pair_carriers, taken: set) -> list[FusedInputs]:
     """The Transposes and Reshapes feeding each fused attention node of ``p``'s model, paired with
     ``batch_sequence_hidden`` of the torch values they start from (``pair_carriers``: the carrier pairing
     of ``inner_pairs``; ``taken``: ONNX values already paired)."""
@@ -106,7 +110,7 @@ def fused_input_pairs(p, pair_carriers, taken: set) -> list[FusedInputs]:
 _SPLITS = ("split_with_sizes", "split", "chunk", "unbind", "tensor_split")
 
 
-def rewritten_split_pairs(p, taken: set) -> list[FusedInputs]:
+def rewritten_split_pairs(p: Pair, taken: set) -> list[FusedInputs]:
     """The pieces of each Split the rewrite wrote without metadata, paired with the program's own split
     of the same value (``taken``: ONNX values already paired)."""
     from torch.fx.experimental.proxy_tensor import make_fx

@@ -15,7 +15,7 @@ Traces are cached by the node's op and argument types and shapes: the layers of 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,7 +32,11 @@ from sbs_widget.align.flow import (
 )
 from sbs_widget.align.fused_inputs import fused_input_pairs, rewritten_split_pairs
 from sbs_widget.align.fx_graph import example_tensor
+from sbs_widget.align.inner_plan import Finer, InnerPair, InnerPlan, returning
 from sbs_widget.align.references import composite_program, reference_program
+
+if TYPE_CHECKING:
+    from sbs_widget.align.pair import Pair
 
 # ONNX carrier -> the aten carriers doing the same rearrangement
 _CARRIER_KINDS = {
@@ -44,71 +48,6 @@ _CARRIER_KINDS = {
 _COPIES = {"clone", "contiguous", "alias"}  # the same elements, the same shape
 _FLOAT = {1, 10, 11, 16}  # float, float16, double, bfloat16
 MAX_TRANSLATION = 64  # ONNX nodes in one translation beyond which no finer reference is traced
-
-
-@dataclass(frozen=True)
-class InnerPair:
-    fx: str       # the FX node whose translation computes the value
-    finer: str    # the node of its finer reference the value is compared with
-    op: str       # that node's op, e.g. aten._softmax.default
-    exact_shape: bool = False  # a transpose: compared only in the same shape (a reshape would reorder)
-    constant: bool = False     # a constant the translation reads (a scale, a fill value, an epsilon)
-    literal: float | None = None  # the scalar the reference writes there, when it is no node of its own
-    program: str = ""          # the reference program it comes from (``InnerPlan.finer``), if not ``fx``'s
-
-    @property
-    def key(self) -> str:
-        return self.program or self.fx
-
-
-@dataclass
-class Finer:
-    """A finer reference ready to run: ``module(*args)`` returns the paired values, in ``names`` order."""
-
-    module: torch.fx.GraphModule
-    names: list[str]
-    args: list[str]         # FX argument per placeholder
-    label: str              # what the reference is ("torch's math definition of attention")
-    retrace: object         # argument values -> the reference traced on them (gm, or None)
-    shapes: tuple           # the argument shapes it was traced at
-    _other: dict = field(default_factory=dict, repr=False)  # argument shapes -> module traced at them
-
-    def module_for(self, args: list) -> torch.fx.GraphModule | None:
-        """The module for ``args``: traced again at other shapes (a program with dynamic shapes), None
-        when the reference takes another form there (its nodes are not the ones paired)."""
-        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-        if shapes == self.shapes:
-            return self.module
-        if shapes not in self._other:
-            try:
-                gm = self.retrace(args)
-                names = {n.name for n in gm.graph.nodes} if gm is not None else set()
-                self._other[shapes] = _returning(gm, self.names) if set(self.names) <= names else None
-            except Exception:
-                self._other[shapes] = None
-        return self._other[shapes]
-
-
-@dataclass
-class InnerPlan:
-    pairs: dict[str, InnerPair] = field(default_factory=dict)  # ONNX value -> its pair
-    finer: dict[str, Finer] = field(default_factory=dict)      # FX node -> its finer reference
-    why: dict[str, str] = field(default_factory=dict)          # ONNX value inside a translation, unpaired -> why
-    of: dict[str, str] = field(default_factory=dict)           # ONNX value inside a translation -> FX node
-
-    by_fx: dict[str, list[str]] = field(default_factory=dict)  # FX node -> its paired ONNX values
-    constants_of: dict[int, list[str]] = field(default_factory=dict)  # ONNX node -> constants recorded with it
-    group_value: dict[str, str] = field(default_factory=dict)  # FX node -> the value its ONNX group ends at
-
-    def values_of(self, fx: str) -> list[str]:
-        return self.by_fx.get(fx, [])
-
-    def recorded_at(self, producer: dict[str, int]) -> dict[str, int]:
-        """ONNX value -> the node its inner record comes with: its producer, or for a constant the
-        node reading it."""
-        at = {x: producer[x] for x in self.pairs if x in producer}
-        at.update({x: i for i, xs in self.constants_of.items() for x in xs})
-        return at
 
 
 def _trace(node: torch.fx.Node, cache: dict):
@@ -177,17 +116,13 @@ def pair_carriers(index, group_nodes, paired: dict, sources: dict, gm) -> None:
             used.add(fits[0].name)
 
 
-def build_inner_plan(p) -> InnerPlan:
-    """The ``InnerPlan`` of a prepared pair ``p``."""
-    import os
-
+def build_inner_plan(p: Pair) -> InnerPlan:
+    """The ``InnerPlan`` of pair ``p`` (whose own inner plan is still empty: ``pipeline.build_pair``)."""
     from sbs_widget.align.elem_types import elem_type
 
     index, al = p.index, p.alignment
     twins = al.onnx_to_fx
-    plan, cache, returning = InnerPlan(), {}, {}
-    if os.environ.get("SBS_WIDGET_INNER", "1") == "0":  # inner values off: they stay one-sided
-        return plan
+    plan, cache, modules = InnerPlan(), {}, {}
     weight_of = {w.onnx_name: w.placeholder for w in al.weights if w.onnx_name}
     for fx_name, nodes in al.fx_group.items():
         inside = [o for i in nodes if index.op_types[i] != "Constant" for o in index.node_outputs[i]
@@ -239,9 +174,9 @@ def build_inner_plan(p) -> InnerPlan:
                                       index.op_types[index.producer[o]] == "Transpose")
         names = sorted(set(found.values()) | refs)
         key = (id(gm), tuple(names))
-        if key not in returning:  # (layers share traces: one module per trace and set of values)
-            returning[key] = _returning(gm, names)
-        plan.finer[fx_name] = Finer(returning[key], names, list(placeholder_fx.values()), label, retrace,
+        if key not in modules:  # (layers share traces: one module per trace and set of values)
+            modules[key] = returning(gm, names)
+        plan.finer[fx_name] = Finer(modules[key], names, list(placeholder_fx.values()), label, retrace,
                                     _traced_at(gm))
     if not any(getattr(d, "itemsize", 0) == 2 for d in al.fx_dtypes):  # (half precision: not recomputed apart)
         taken = set(plan.pairs)
@@ -257,7 +192,7 @@ def build_inner_plan(p) -> InnerPlan:
 
 
 def _finer_of(gm, names: list[str], args: list[str], label: str, retrace) -> Finer:
-    return Finer(_returning(gm, names), names, args, label, retrace, _traced_at(gm))
+    return Finer(returning(gm, names), names, args, label, retrace, _traced_at(gm))
 
 
 def _traced_at(gm: torch.fx.GraphModule) -> tuple:
@@ -301,7 +236,7 @@ def _pair_constants(index, node_indices, paired: dict, oflow, fflow, plan: Inner
     return refs
 
 
-def _attempt(p, group_nodes, g, value: str, node, traced, weight_of: dict, inside: list):
+def _attempt(p: Pair, group_nodes, g, value: str, node, traced, weight_of: dict, inside: list):
     """The translation's ONNX nodes paired with the traced reference ``traced``: (ONNX value -> its node,
     the inside values paired, why the others read the same values but compute another op, flows)."""
     from sbs_widget.align.elem_types import elem_type
@@ -332,7 +267,7 @@ def _attempt(p, group_nodes, g, value: str, node, traced, weight_of: dict, insid
     return paired, found, crossed, oflow, fflow
 
 
-def _trace_composite(p, node: torch.fx.Node):
+def _trace_composite(p: Pair, node: torch.fx.Node):
     """The finer reference of ``node`` and of the FX nodes before it that have no ONNX value of their own
     (what one ONNX translation may cover once an optimizer merged them), or None when there are none."""
     al, index = p.alignment, p.index
@@ -375,41 +310,3 @@ def _retrace(node: torch.fx.Node, names: list[str], args: list):
 def _unpaired(plan: InnerPlan, values, why: str) -> None:
     for o in values:
         plan.why.setdefault(o, why)
-
-
-def _returning(gm: torch.fx.GraphModule, names: list[str]) -> torch.fx.GraphModule:
-    """A copy of ``gm`` returning the values of nodes ``names`` (generated code: no interpreter)."""
-    import copy
-
-    graph = copy.deepcopy(gm.graph)
-    by_name = {n.name: n for n in graph.nodes}
-    out = next(n for n in graph.nodes if n.op == "output")
-    graph.erase_node(out)
-    graph.output(tuple(by_name[n] for n in names))
-    graph.eliminate_dead_code()
-    return torch.fx.GraphModule(gm, graph)
-
-
-def inner_fields(p, value: str) -> tuple:
-    """The record fields (``records.record_template``) of ``value``, inside the translation of an FX
-    node: named after its finer reference node when paired, with why when not."""
-    from sbs_widget import records as R
-    from sbs_widget.align.inner_values import onnx_only_reasons
-    from sbs_widget.records import with_fields
-
-    plan = p.inner
-    fx = plan.of[value]
-    info = p.alignment.fx_nodes[p.fx_position[fx]]
-    pair_ = plan.pairs.get(value)
-    if pair_ is None:
-        reason = onnx_only_reasons(p).get(p.index.producer.get(value, -1), f"inside the translation of {fx!r}")
-        comment = f"{reason}; {plan.why.get(value, 'not paired')}"
-        return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_origin=info.origin)
-    if pair_.constant:
-        what = f"the scalar {pair_.literal:.6g}" if pair_.literal is not None else "the constant"
-        comment = (f"a constant inside the translation of {fx!r}: compared with {what} "
-                   f"{plan.finer[pair_.key].label} uses there ({pair_.finer})")
-    else:
-        comment = f"inside the translation of {fx!r}: compared with {plan.finer[pair_.key].label} ({pair_.finer})"
-    return with_fields(p.record_fields(None, value, R.KIND_INNER, "", comment), ep_name=f"{fx}::{pair_.finer}",
-                       ep_target=pair_.op, ep_origin=info.origin, stack_trace=info.stack_line)

@@ -9,19 +9,21 @@ finder's finer reference, ``blame/finer.py``), not forgotten.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (pair.py imports the inner plan, which does not import this module)
+    from sbs_widget.align.pair import Pair
+
 # ONNX ops that only move, reshape or retype values: the value is the node's input rearranged
 _LAYOUT = {"Transpose", "Reshape", "Cast", "CastLike", "Expand", "Unsqueeze", "Squeeze", "Concat", "Slice",
            "Gather", "Identity", "Flatten", "Split", "Shape", "Size", "Range", "ConstantOfShape", "Tile", "Pad"}
 
 
-def onnx_only_reasons(prepared) -> dict[int, str]:
+def onnx_only_reasons(pair: Pair) -> dict[int, str]:
     """ONNX node index -> the reason its values have no FX twin, for the nodes inside a translation
-    (worked out once per prepared pair)."""
-    cached = prepared.__dict__.get("_onnx_only_reasons")
-    if cached is not None:
-        return cached
-    index, al = prepared.index, prepared.alignment
-    targets = {n.name: n.target for n in prepared.fx_nodes}
+    (the engine keeps it per pair: ``engine/record_plan.only_onnx_reasons``)."""
+    index, al = pair.index, pair.alignment
+    targets = {n.name: n.target for n in pair.fx_nodes}
     reasons: dict[int, str] = {}
     for fx, nodes in al.fx_group.items():
         target = targets.get(fx)
@@ -31,5 +33,4 @@ def onnx_only_reasons(prepared) -> dict[int, str]:
             kind = "a layout or type step" if op in _LAYOUT else "a partial value"
             reasons.setdefault(i, f"ONNX only: {kind} ({op}) inside the translation of FX node {fx!r} ({what}), "
                                   "compared through that node's value")
-    prepared.__dict__["_onnx_only_reasons"] = reasons
     return reasons

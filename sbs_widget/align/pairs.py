@@ -25,10 +25,9 @@ import operator
 
 import torch
 
-from sbs_widget.align.alignment import Alignment, FxNodeInfo, Pair, WeightPair, target_name
+from sbs_widget.align.alignment import Alignment, FxNodeInfo, Twin, target_name
 from sbs_widget.align.fx_graph import numel_hint, program_outputs
-from sbs_widget.align.initializers import is_literal_of, read_transposed, stored_transposed
-from sbs_widget.align.merged_weights import merged_into, removed_comment
+from sbs_widget.align.initializers import is_literal_of, read_transposed
 from sbs_widget.align.twinless import (
     alias_no_ops,
     alias_reshape_inputs,
@@ -36,6 +35,7 @@ from sbs_widget.align.twinless import (
     pair_duplicates,
     pair_shared_constants,
 )
+from sbs_widget.align.weight_pairs import pair_weights
 from sbs_widget.dtypes import (
     TORCH_TO_ONNX,
 )
@@ -230,21 +230,6 @@ def _taken_in(source: torch.fx.Node, node: torch.fx.Node, paired) -> bool:
     return False
 
 
-def _read_for_another_node(index: OnnxIndex, name: str, placeholder: torch.fx.Node | None) -> str | None:
-    """When every ONNX node reading initializer ``name`` translates an FX node other than those
-    reading the weight in the program, the initializer was rewritten under the same name (BatchNorm
-    folded into the convolution before it: the Conv then translates the batch norm): the reader, else
-    None. Readers without metadata say nothing."""
-    readers = index.consumers.get(name, [])
-    if placeholder is None or not readers:
-        return None
-    users = {u.name for u in placeholder.users}
-    fx = [index.node_fx[i] for i in readers]
-    if None in fx or any(f in users for f in fx):
-        return None
-    return f"{index.op_types[readers[0]]} node {index.nodes[readers[0]].name!r} (translating FX node {fx[0]!r})"
-
-
 def _absorbed(index: OnnxIndex, value: str, fx_name: str) -> bool:
     """Whether ``value`` (an end of ``fx_name``'s ONNX nodes, not named after it) is read only by
     fused nodes translating other FX nodes: then the fusion may have taken in the rest of
@@ -256,181 +241,24 @@ def _absorbed(index: OnnxIndex, value: str, fx_name: str) -> bool:
 
 
 def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id: int | None = None) -> Alignment:
-    graph = program.graph
-    nodes = list(graph.nodes)
+    """Pair the FX values of ``program`` with the ONNX values of ``index``, step by step (see the
+    module's docstring): inputs, weights, outputs, values by name and metadata, values whose
+    producer vanished, then the values left without a twin of their own (``twinless.py``)."""
+    nodes = list(program.graph.nodes)
     dtypes: set = set()
     al = Alignment(fx_nodes=describe_fx_nodes(program, user_graph_id, dtypes))
     al.fx_dtypes = frozenset(dtypes)
     shape_matches = _ShapeMatcher()
-
     # ONNX nodes grouped by the FX node they translate.
     for i, fx in enumerate(index.node_fx):
         if fx is not None:
             al.fx_group.setdefault(fx, []).append(i)
-
-    def take(fx_name: str, value: str, how: str, kind: str = "node") -> None:
-        al.pairs[fx_name] = Pair(fx_name, value, how, kind)
-        al.onnx_to_fx[value] = fx_name
-
-    # Inputs, by position of the flattened (args, kwargs).
-    sig = program.graph_signature
-    order = list(sig.user_inputs)
-    user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in order]
-    user_inputs.sort(key=lambda n: order.index(n.name))
-    # Constant (non-tensor) inputs such as use_cache=False are baked into the ONNX graph.
-    user_inputs = [n for n in user_inputs
-                   if isinstance(n.meta.get("val"), torch.Tensor) or is_scalar(n.meta.get("val"))]
-    al.tensor_inputs = [n.name for n in user_inputs]
-    for fx_node, onnx_name in zip(user_inputs, index.inputs):
-        al.input_pairs.append((fx_node.name, onnx_name))
-        if isinstance(fx_node.meta.get("val"), torch.Tensor):
-            take(fx_node.name, onnx_name, "input", "input")
-
     by_name = {n.name: n for n in nodes}
-    # Weights: parameters, buffers and lifted constants become initializers named by state-dict key.
-    has_origin_meta = any("pkg.torch.onnx.original_node_name" in m for m in index.value_meta.values())
-    by_original = {m["pkg.torch.onnx.original_node_name"]: v for v, m in index.value_meta.items()
-                   if "pkg.torch.onnx.original_node_name" in m and v in index.initializers}
-    placeholder_keys = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
-                        **sig.inputs_to_lifted_tensor_constants}
-    owner_of = {v: placeholder_keys[ph] for ph, v in by_original.items() if ph in placeholder_keys}
-    for ph, key in placeholder_keys.items():
-        onnx_name = by_original.get(ph)
-        if onnx_name is not None:
-            al.weights.append(WeightPair(ph, key, onnx_name, True))
-            take(ph, onnx_name, "weight", "weight")
-        elif key in index.initializers:
-            if has_origin_meta:
-                # Same name, no provenance: the optimizer rewrote it (e.g. BatchNorm folded into Conv).
-                al.weights.append(WeightPair(ph, key, key, False,
-                                             "initializer rewritten by the ONNX optimizer (no original_node_name)"))
-            elif (reader := _read_for_another_node(index, key, by_name.get(ph))) is not None:
-                al.weights.append(WeightPair(ph, key, key, False,
-                                             f"initializer rewritten by the ONNX optimizer: read by {reader}"))
-            else:
-                al.weights.append(WeightPair(ph, key, key, True))
-                take(ph, key, "weight", "weight")
-        else:
-            folded = index.folded_into().get(key, [])
-            if stored_transposed(index, key, folded, by_name.get(ph)):
-                al.weights.append(WeightPair(ph, key, folded[0], True, "stored transposed by the ONNX optimizer",
-                                             transposed=True))
-                continue
-            merged = None if folded else merged_into(program, index, key, by_name.get(ph), al, owner_of)
-            if merged is not None:  # tied, or deduplicated: compared with the initializer holding it
-                al.weights.append(WeightPair(ph, key, merged[0], True, merged[1]))
-                continue
-            why = (f"no initializer of its own: the ONNX optimizer folded it into {', '.join(folded[:3])} "
-                   "(compared where the program transforms it)") if folded else \
-                removed_comment(program, key)
-            al.weights.append(WeightPair(ph, key, None, False, why))
-
-    # Outputs, by position of the flattened outputs.
-    flat_out = program_outputs(program)
-    for pos, onnx_name in enumerate(index.outputs):
-        fx_val = flat_out[pos] if pos < len(flat_out) else None
-        fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None
-        al.output_pairs.append((fx_name, onnx_name))
-
-    # Intermediate values.
-    produced = index.producer
-    for node, info in zip(nodes, al.fx_nodes):
-        if node.op != "call_function" or node.name in al.pairs:
-            continue
-        val = node.meta.get("val")
-        if not (isinstance(val, torch.Tensor) or is_scalar(val)):
-            continue
-        name = node.name
-        # 1. by name, checked by provenance and type
-        if name in produced and name not in al.onnx_to_fx \
-                and shape_matches(val, index.types.get(name), info.shape_type):
-            fx_of_producer = index.node_fx[produced[name]]
-            if fx_of_producer in (name, None):
-                take(name, name, "name")
-                continue
-            if name not in al.fx_group and _upstream_of(node, by_name.get(fx_of_producer)):
-                # A node fused from several (onnxruntime's fusions: skip + RMS norm...) keeps the names
-                # of the values it still hands out; its metadata names the last FX node it covers.
-                take(name, name, "fused")
-                continue
-        if name in index.initializers and shape_matches(val, index.types.get(name), info.shape_type) \
-                and name not in al.onnx_to_fx:
-            take(name, name, "name")
-            continue
-        # 2. the value ending the group of ONNX nodes translating this FX node
-        group = al.fx_group.get(name, [])
-        if group:
-            ends = _group_ends(index, al, group, lambda o: shape_matches(val, index.types.get(o), info.shape_type))
-            if ends and (ends[-1] == name or not _absorbed(index, ends[-1], name)):
-                take(name, ends[-1], "metadata")
-                continue
-            if ends:
-                al.absorbed[name] = index.op_types[index.consumers[ends[-1]][0]]
-        # 2b. an item of a tuple-valued node (batch norm, split, topk...): the metadata names the
-        # tuple's node, so its group's ends are the items; one of them only, or the one at its position
-        parent = node.args[0] if node.target is operator.getitem and len(node.args) == 2 else None
-        if isinstance(parent, torch.fx.Node) and parent.name in al.fx_group and isinstance(node.args[1], int):
-            group = al.fx_group[parent.name]
-            ends = _group_ends(index, al, group, lambda o: shape_matches(val, index.types.get(o), info.shape_type))
-            last = index.node_outputs[group[-1]]
-            k = node.args[1]
-            if len(ends) == 1 and len(group) == 1:
-                take(name, ends[0], "metadata")
-            elif len(ends) > 1 and len(group) == 1 and k < len(last) and last[k] in ends:
-                take(name, last[k], "metadata")
-
-    def folded_elsewhere(value: str, node: torch.fx.Node) -> bool:
-        """Whether ``value`` is a constant-folded initializer computed from neither ``node`` nor its
-        inputs: its ``folded_from`` metadata names the values folded into it (a weight by its ONNX
-        name)."""
-        if value not in index.initializers:
-            return False
-        sources = index.folded_from(value)
-        if not sources:
-            return False
-        names = {node.name}
-        for x in node.all_input_nodes:
-            names.add(x.name)
-            if x.name in al.pairs:
-                names.add(al.pairs[x.name].onnx_value)
-        return names.isdisjoint(sources)
-
-    # 3./4. values whose producer vanished: look at what their consumers read.
-    for node, info in zip(nodes, al.fx_nodes):
-        if node.op != "call_function" or node.name in al.pairs:
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        candidates = []
-        for user in node.users:
-            for i in al.fx_group.get(user.name, []):
-                if index.is_rewritten(i):
-                    continue  # a fused node's inputs are not its FX node's (a bias may have moved in)
-                for x in index.node_inputs[i]:
-                    if x in al.onnx_to_fx or x in candidates:
-                        continue
-                    producer = produced.get(x)
-                    if producer is not None and index.node_fx[producer] == user.name:
-                        continue  # internal to the consumer's own translation
-                    source = by_name.get(index.node_fx[producer]) if producer is not None else None
-                    if source is not None and source is not node and not _taken_in(source, node, al.pairs):
-                        continue  # computed for another FX node's translation (a mask layers share)
-                    if x in by_name and x != node.name:
-                        continue  # named after another FX node: that node's value, not this one's
-                    if folded_elsewhere(x, node):
-                        continue  # a constant folded from other values (a mask of the same shape)
-                    if is_literal_of(x, user, index):
-                        continue  # the translation of the consumer's own literal (where(m, x, -3.4e38))
-                    if read_transposed(x, node, user, i, index):
-                        continue  # a linear's weight folded transposed: its layout, not its value
-                    if shape_matches(val, index.types.get(x), info.shape_type):
-                        candidates.append(x)
-        folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
-        if len(folded) == 1:
-            take(node.name, folded[0], "folded")
-        elif len(candidates) == 1:
-            take(node.name, candidates[0], "consumer")
+    _pair_inputs(program, nodes, index, al)
+    pair_weights(program, index, al, by_name)
+    _pair_outputs(program, index, al)
+    _pair_intermediates(nodes, index, al, by_name, shape_matches)
+    _pair_through_consumers(nodes, index, al, by_name, shape_matches)
     pair_shared_constants(nodes, al, index, shape_matches, by_name)
     # 5. no-op nodes the optimizer removed: same value as their input's twin. Reshapes after the
     # duplicates, so that a value with a twin of its own shape keeps it.
@@ -441,3 +269,146 @@ def align(program: torch.export.ExportedProgram, index: OnnxIndex, user_graph_id
     explain_values_without_twin(nodes, al, index)
     return al
 
+
+def _take(al: Alignment, fx_name: str, value: str, how: str, kind: str = "node") -> None:
+    al.pairs[fx_name] = Twin(fx_name, value, how, kind)
+    al.onnx_to_fx[value] = fx_name
+
+
+def _pair_inputs(program: torch.export.ExportedProgram, nodes: list, index: OnnxIndex, al: Alignment) -> None:
+    """Inputs, by position of the flattened (args, kwargs)."""
+    order = list(program.graph_signature.user_inputs)
+    user_inputs = [n for n in nodes if n.op == "placeholder" and n.name in order]
+    user_inputs.sort(key=lambda n: order.index(n.name))
+    # Constant (non-tensor) inputs such as use_cache=False are baked into the ONNX graph.
+    user_inputs = [n for n in user_inputs
+                   if isinstance(n.meta.get("val"), torch.Tensor) or is_scalar(n.meta.get("val"))]
+    al.tensor_inputs = [n.name for n in user_inputs]
+    for fx_node, onnx_name in zip(user_inputs, index.inputs):
+        al.input_pairs.append((fx_node.name, onnx_name))
+        if isinstance(fx_node.meta.get("val"), torch.Tensor):
+            _take(al, fx_node.name, onnx_name, "input", "input")
+
+
+def _pair_outputs(program: torch.export.ExportedProgram, index: OnnxIndex, al: Alignment) -> None:
+    """Outputs, by position of the flattened outputs."""
+    flat_out = program_outputs(program)
+    for pos, onnx_name in enumerate(index.outputs):
+        fx_val = flat_out[pos] if pos < len(flat_out) else None
+        fx_name = fx_val.name if isinstance(fx_val, torch.fx.Node) else None
+        al.output_pairs.append((fx_name, onnx_name))
+
+
+def _pair_intermediates(nodes: list, index: OnnxIndex, al: Alignment, by_name: dict, shape_matches) -> None:
+    """Intermediate values: 1. by name, checked by provenance and type; 2. the value ending the group
+    of ONNX nodes translating the FX node (its metadata); 2b. an item of a tuple-valued node."""
+    produced = index.producer
+    for node, info in zip(nodes, al.fx_nodes):
+        if node.op != "call_function" or node.name in al.pairs:
+            continue
+        val = node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) or is_scalar(val)):
+            continue
+        name = node.name
+
+        def fits(o: str, val=val, info=info) -> bool:
+            return shape_matches(val, index.types.get(o), info.shape_type)
+
+        # 1. by name, checked by provenance and type
+        if name in produced and name not in al.onnx_to_fx and fits(name):
+            fx_of_producer = index.node_fx[produced[name]]
+            if fx_of_producer in (name, None):
+                _take(al, name, name, "name")
+                continue
+            if name not in al.fx_group and _upstream_of(node, by_name.get(fx_of_producer)):
+                # A node fused from several (onnxruntime's fusions: skip + RMS norm...) keeps the names
+                # of the values it still hands out; its metadata names the last FX node it covers.
+                _take(al, name, name, "fused")
+                continue
+        if name in index.initializers and fits(name) and name not in al.onnx_to_fx:
+            _take(al, name, name, "name")
+            continue
+        # 2. the value ending the group of ONNX nodes translating this FX node
+        group = al.fx_group.get(name, [])
+        if group:
+            ends = _group_ends(index, al, group, fits)
+            if ends and (ends[-1] == name or not _absorbed(index, ends[-1], name)):
+                _take(al, name, ends[-1], "metadata")
+                continue
+            if ends:
+                al.absorbed[name] = index.op_types[index.consumers[ends[-1]][0]]
+        # 2b. an item of a tuple-valued node (batch norm, split, topk...): the metadata names the
+        # tuple's node, so its group's ends are the items; one of them only, or the one at its position
+        parent = node.args[0] if node.target is operator.getitem and len(node.args) == 2 else None
+        if isinstance(parent, torch.fx.Node) and parent.name in al.fx_group and isinstance(node.args[1], int):
+            group = al.fx_group[parent.name]
+            ends = _group_ends(index, al, group, fits)
+            last = index.node_outputs[group[-1]]
+            k = node.args[1]
+            if len(ends) == 1 and len(group) == 1:
+                _take(al, name, ends[0], "metadata")
+            elif len(ends) > 1 and len(group) == 1 and k < len(last) and last[k] in ends:
+                _take(al, name, last[k], "metadata")
+
+
+def _folded_elsewhere(index: OnnxIndex, al: Alignment, value: str, node: torch.fx.Node) -> bool:
+    """Whether ``value`` is a constant-folded initializer computed from neither ``node`` nor its
+    inputs: its ``folded_from`` metadata names the values folded into it (a weight by its ONNX name)."""
+    if value not in index.initializers:
+        return False
+    sources = index.folded_from(value)
+    if not sources:
+        return False
+    names = {node.name}
+    for x in node.all_input_nodes:
+        names.add(x.name)
+        if x.name in al.pairs:
+            names.add(al.pairs[x.name].onnx_value)
+    return names.isdisjoint(sources)
+
+
+def _pair_through_consumers(nodes: list, index: OnnxIndex, al: Alignment, by_name: dict, shape_matches) -> None:
+    """3./4. values whose producer vanished: what their consumers' translations read."""
+    for node, info in zip(nodes, al.fx_nodes):
+        if node.op != "call_function" or node.name in al.pairs:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        candidates = _read_by_consumers(node, val, info, index, al, by_name, shape_matches)
+        folded = [c for c in candidates if c in index.initializers and index.folded_from(c)]
+        if len(folded) == 1:
+            _take(al, node.name, folded[0], "folded")
+        elif len(candidates) == 1:
+            _take(al, node.name, candidates[0], "consumer")
+
+
+def _read_by_consumers(node: torch.fx.Node, val, info, index: OnnxIndex, al: Alignment, by_name: dict,
+                       shape_matches) -> list[str]:
+    """The ONNX values ``node``'s consumers' translations read that could be its value."""
+    produced = index.producer
+    candidates: list[str] = []
+    for user in node.users:
+        for i in al.fx_group.get(user.name, []):
+            if index.is_rewritten(i):
+                continue  # a fused node's inputs are not its FX node's (a bias may have moved in)
+            for x in index.node_inputs[i]:
+                if x in al.onnx_to_fx or x in candidates:
+                    continue
+                producer = produced.get(x)
+                if producer is not None and index.node_fx[producer] == user.name:
+                    continue  # internal to the consumer's own translation
+                source = by_name.get(index.node_fx[producer]) if producer is not None else None
+                if source is not None and source is not node and not _taken_in(source, node, al.pairs):
+                    continue  # computed for another FX node's translation (a mask layers share)
+                if x in by_name and x != node.name:
+                    continue  # named after another FX node: that node's value, not this one's
+                if _folded_elsewhere(index, al, x, node):
+                    continue  # a constant folded from other values (a mask of the same shape)
+                if is_literal_of(x, user, index):
+                    continue  # the translation of the consumer's own literal (where(m, x, -3.4e38))
+                if read_transposed(x, node, user, i, index):
+                    continue  # a linear's weight folded transposed: its layout, not its value
+                if shape_matches(val, index.types.get(x), info.shape_type):
+                    candidates.append(x)
+    return candidates

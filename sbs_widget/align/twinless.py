@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from sbs_widget.align.alignment import Alignment, Pair, target_name
+from sbs_widget.align.alignment import Alignment, Twin, target_name
 from sbs_widget.load.onnx_index import OnnxIndex
 
 # Ops whose output equals their input when shape and dtype are unchanged: the ONNX optimizer removes
@@ -152,7 +152,7 @@ def pair_shared_constants(nodes: list[torch.fx.Node], al: Alignment, index: Onnx
         if found is None or len(found) != 1:
             continue
         (value, other), = found
-        al.pairs[node.name] = Pair(node.name, value, "shared")
+        al.pairs[node.name] = Twin(node.name, value, "shared")
         al.shares_constant_of[node.name] = other
 
 
@@ -239,7 +239,7 @@ def pair_duplicates(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex)
         if twin in index.producer:
             _alias(al, name, twin, False)
         elif twin in index.initializers:  # a constant-folded twin: compared once the FX node has run
-            al.pairs[name] = Pair(name, twin, "duplicate")
+            al.pairs[name] = Twin(name, twin, "duplicate")
 
 
 def explain_values_without_twin(nodes: list[torch.fx.Node], al: Alignment, index: OnnxIndex) -> None:
@@ -287,33 +287,3 @@ def _numel(val: torch.Tensor) -> int | None:
         return 0
     n = val.numel()
     return n if isinstance(n, int) else None
-
-
-def why_no_twin(p, fx_name: str) -> str:
-    """Why FX node ``fx_name`` of prepared pair ``p`` has no ONNX value to compare (its one-sided record)."""
-    al = p.alignment
-    same = al.duplicate_of.get(fx_name)
-    if fx_name in p.folded_into:
-        return f"no ONNX value: constant-folded into initializer {p.folded_into[fx_name]!r}"
-    if same in p.folded_into:
-        return (f"no ONNX value: same op on the same inputs as FX node {same!r}, constant-folded into "
-                f"initializer {p.folded_into[same]!r}")
-    if fx_name in al.of_input:
-        return (f"no ONNX value: a no-op on input {al.of_input[fx_name]!r} the ONNX optimizer "
-                "removed (its ONNX consumers read the input itself)")
-    if fx_name in al.folded_for:
-        return (f"no ONNX value: constant-folded into the initializer of FX node "
-                f"{al.folded_for[fx_name]!r} (its value only goes there)")
-    if fx_name in al.absorbed:
-        return (f"no ONNX value: the fused {al.absorbed[fx_name]} node took in the end of "
-                "its computation (its ONNX nodes hand out only a partial value)")
-    if fx_name in al.fx_group:
-        ops = sorted({p.index.nodes[i].op_type for i in al.fx_group[fx_name]})
-        return f"translated into ONNX {', '.join(ops)} but no value of the same shape and dtype"
-    if fx_name in al.fused_into:
-        return f"no ONNX value: the ONNX optimizer fused it into {al.fused_into[fx_name]}"
-    if fx_name in al.empty:
-        return "no ONNX value: empty (0 elements), dropped by the ONNX optimizer"
-    if fx_name in p.fx_dead:
-        return "no ONNX value: no output depends on it (the exporter writes no node for it)"
-    return "no ONNX value: removed or fused by the ONNX optimizer"

@@ -12,11 +12,15 @@ depends on. Those get a one-sided record saying which, so that a user looking fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from sbs_widget.align.fx_graph import dead_nodes
 from sbs_widget.align.pairs import is_scalar
+
+if TYPE_CHECKING:
+    from sbs_widget.align.pair import Pair
 
 
 def value_producing(node: torch.fx.Node) -> bool:
@@ -25,7 +29,7 @@ def value_producing(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and (isinstance(val, torch.Tensor) or is_scalar(val))
 
 
-def value_holder(prepared):
+def value_holder(prepared: Pair):
     """Function: user program node -> the decomposed node (or placeholder) holding its value, or None
     when decomposition left none; the identity when the user handed over the decomposed program."""
     if prepared.user_ep is None:
@@ -52,7 +56,7 @@ def value_holder(prepared):
     return holder
 
 
-def user_names_held(prepared) -> dict[str, list[str]]:
+def user_names_held(prepared: Pair) -> dict[str, list[str]]:
     """Decomposed node (or placeholder) -> the user's nodes whose value it holds, when their names
     differ (``reshape`` held by ``view_3``, a no-op ``to`` by its input): the graph shows them."""
     if getattr(prepared, "user_ep", None) is None:  # (also a bare (decomposed_ep, onnx_model) holder)
@@ -77,7 +81,7 @@ class Unrecorded:
     reason: str
 
 
-def unrecorded_nodes(prepared, recorded: set[str]) -> list[Unrecorded]:
+def unrecorded_nodes(prepared: Pair, recorded: set[str]) -> list[Unrecorded]:
     """The value-producing nodes of the user's program that no record of a run names (``recorded``:
     the ``ep_name`` and ``ep_origin`` of its records), each with the reason it has no pair."""
     program = prepared.user_ep if prepared.user_ep is not None else prepared.decomposed_ep

@@ -21,6 +21,7 @@ points (``prepare``, ``run_aligned``) and the check that tells which program the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -31,15 +32,23 @@ from typing import Iterable, Iterator
 import onnx
 import torch
 
+from sbs_widget.align.pair import Pair, PairOptions
 from sbs_widget.align.pairs import target_name
+from sbs_widget.align.pipeline import build_pair
 from sbs_widget.align.same_program import first_difference
 from sbs_widget.align.signature import check_signature
 from sbs_widget.engine.background import start_threads
-from sbs_widget.engine.prepared import Prepared, Progress
-from sbs_widget.engine.runtimes import Runtime
+from sbs_widget.engine.cancel import Cancel, check_time_limit
+from sbs_widget.engine.fx_runner import check_inputs, flat_inputs, on_inputs_device
+from sbs_widget.engine.lockstep import LockstepRun
+from sbs_widget.engine.prepared import SEGMENT_NODES, PreparedPair
+from sbs_widget.engine.run_parts import Progress, RunOptions
+from sbs_widget.engine.runtimes import Runtime, get_runtime
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from sbs_widget.engine.user_metrics import resolve_metrics
 from sbs_widget.errors import InputError, ModelMismatchError, ProgramMismatchWarning, SbsWidgetWarning
 from sbs_widget.load.export import Exported, export_module
+from sbs_widget.load.onnx_checks import check_input_shapes
 from sbs_widget.load.onnx_index import OnnxIndex
 from sbs_widget.load.readers import (
     decompose_as_exporter,
@@ -51,6 +60,63 @@ from sbs_widget.load.readers import (
 from sbs_widget.records import Record
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
+
+PARALLEL_VALUE_BYTES = 2 << 20  # onnxruntime runs a model with values this big on every core
+
+
+class Prepared(PreparedPair):
+    """A program and an ONNX model made ready for comparison (``prepare``): the aligned ``pair``, its
+    ``schedule`` and its ``cache``. Build it once, ``run`` it many times."""
+
+    def run(self, args=(), kwargs=None, *, runtime: str | Runtime = "onnxruntime",
+            atol: float | None = None, rtol: float | None = None, reset_names: Iterable[str] = (),
+            node_local: bool = False, exc: bool = False, progress: Progress | None = None,
+            histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
+            keep_sessions: bool = True, time_limit: float | None = None,
+            cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None,
+            metrics=None) -> Iterator[Record]:
+        """Yield records in execution order; see ``run_aligned`` for the options.
+
+        ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
+        compilation). ``False`` builds them one segment ahead and drops each once its segment is done:
+        an onnxruntime session holds ~5 KB per node, which on a large graph with small weights is more
+        than the model itself.
+        ``cancel``: a token another thread may fire to stop the run; ``time_limit`` is armed on it.
+        ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default).
+        ``metrics``: figures measured beside the verdict (``user_metrics.py``), in ``Record.metrics``."""
+        for f in self.weight_files:  # (weights read from their file as needed: it must be the one loaded)
+            f.check_unchanged()
+        if cancel is None:
+            cancel = Cancel(time_limit)
+        elif time_limit is not None:
+            cancel.time_limit = check_time_limit(time_limit)
+        options = RunOptions(self.tolerance(atol, rtol), frozenset(self.resolve_names(reset_names).values()),
+                             node_local, exc, progress, histogram, reference, segment_nodes, keep_sessions,
+                             keep_cuts, resolve_metrics(metrics))
+        flat, device = self._inputs(args, kwargs)
+        # onnxruntime's own threads pay off on big values only (per session, measured on two cores:
+        # +5% time on a 16-layer LLaMA of hidden size 64, none at 256 (1 MB values), -9% at 1024)
+        threads = 0 if max(self.schedule.node_bytes, default=0) >= PARALLEL_VALUE_BYTES else 1
+        rt = get_runtime(runtime, cuda=device.type == "cuda", threads=threads)
+        return LockstepRun(self, flat, rt, options, device, cancel).records()
+
+    def _inputs(self, args, kwargs) -> tuple[list, torch.device]:
+        """The run's inputs, read, flattened as the program's placeholders and checked against both
+        programs; and the device they are on."""
+        args, kwargs = load_inputs(args, kwargs)
+        program, index = self.decomposed_ep, self.index
+        flat = flat_inputs(program, args, kwargs)
+        check_inputs(program, flat)
+        flat, device = on_inputs_device(program, flat)
+        tensor_inputs = self.alignment.tensor_inputs
+        if len(index.inputs) != len(tensor_inputs):
+            raise ModelMismatchError(
+                f"the ONNX model has {len(index.inputs)} inputs {index.inputs} but the program "
+                f"{len(tensor_inputs)} tensor inputs {tensor_inputs}: they do not come from the same export"
+            )
+        by_name = {n.name: v for n, v in zip((n for n in self.fx_nodes if n.op == "placeholder"), flat)}
+        check_input_shapes(self.onnx_model, [(fx, x, by_name.get(fx)) for fx, x in zip(tensor_inputs, index.inputs)])
+        return flat, device
 
 
 _PRINTED_NAMES = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
@@ -109,7 +175,8 @@ def prepare(ep, onx=None) -> Prepared:
         raise InputError("prepare needs the programs: export the model first (sbs_widget.export_module(model, "
                          "args)), or give the model to run_aligned / culprits / SbsWidget.from_module with its "
                          "inputs")
-    key = _cache_key(ep, onx)
+    options = PairOptions.from_environment()
+    key = _cache_key(ep, onx) + (options,)
     hit = _PREPARED.get(key)
     if hit is not None and not all(f.unchanged() for f in hit[1].weight_files):
         del _PREPARED[key]  # same bytes, but a file rewritten: its weights are mapped again
@@ -120,8 +187,8 @@ def prepare(ep, onx=None) -> Prepared:
     start_threads()  # the runs to come need them
     if is_onnx_program(ep) or isinstance(ep, Exported):
         model, data = load_onnx(onx if onx is not None else ep.model_proto)
-        prepared = Prepared(ep.exported_program, model, ep.user_ep if isinstance(ep, Exported) else None,
-                            OnnxIndex.build(model, data))
+        prepared = Prepared(build_pair(ep.exported_program, model, ep.user_ep if isinstance(ep, Exported) else None,
+                                       OnnxIndex.build(model, data), options))
     else:
         if onx is None:
             raise InputError("onx is required: pass the ONNX model (ModelProto or path) exported from ep")
@@ -143,20 +210,26 @@ def prepare(ep, onx=None) -> Prepared:
                     "ExportedProgram (decomposed as the exporter does): the ONNX model was not exported "
                     "from this program"
                 )
-        prepared = Prepared(decomposed, model, user, index)
-        # (an ONNXProgram carries the program it was exported from: nothing to check there)
-        difference = first_difference(decomposed, index) if total else None
-        if difference is not None:
-            prepared.program_mismatch = difference.message()
-            prepared.notes.insert(0, prepared.program_mismatch)
-            warnings.warn(prepared.program_mismatch, ProgramMismatchWarning, stacklevel=2)
-        if not total and any(op != "Constant" for op in index.op_types):
-            prepared.notes.append(NO_METADATA)
-            warnings.warn(NO_METADATA, SbsWidgetWarning, stacklevel=2)
+        prepared = Prepared(_with_notes(build_pair(decomposed, model, user, index, options), total))
     _PREPARED[key] = ((ep, onx), prepared)
     while len(_PREPARED) > _PREPARED_MAX:
         _PREPARED.popitem(last=False)
     return prepared
+
+
+def _with_notes(pair: Pair, total: int) -> Pair:
+    """``pair`` with what limits its comparison said once (and warned): the ONNX metadata naming another
+    program's nodes, or no metadata at all (``total``: FX nodes the metadata names)."""
+    # (an ONNXProgram carries the program it was exported from: nothing to check there)
+    difference = first_difference(pair.decomposed_ep, pair.index) if total else None
+    if difference is not None:
+        message = difference.message()
+        warnings.warn(message, ProgramMismatchWarning, stacklevel=3)
+        return dataclasses.replace(pair, program_mismatch=message, notes=(message, *pair.notes))
+    if not total and any(op != "Constant" for op in pair.index.op_types):
+        warnings.warn(NO_METADATA, SbsWidgetWarning, stacklevel=3)
+        return dataclasses.replace(pair, notes=(*pair.notes, NO_METADATA))
+    return pair
 
 
 def from_model(ep, onx, args, kwargs):

@@ -1,4 +1,4 @@
-"""Inner values of a lockstep run: the ONNX values inside a translation compared with the finer torch
+"""Inner values of a lockstep run (``InnerValues``): the ONNX values inside a translation compared with the finer torch
 reference of their FX node (``align/inner_pairs.py``), run on the node's torch arguments.
 
 A pair beyond tolerance is judged like any: the same finer reference run in float64 decides whether
@@ -15,28 +15,41 @@ import torch
 
 from sbs_widget import records as R
 from sbs_widget.dtypes import numpy_elem_type
-from sbs_widget.engine.measure import _join
+from sbs_widget.engine.local_runs import LocalRuns
+from sbs_widget.engine.measure import Measurer, _join
 from sbs_widget.engine.metrics import compute_errors_many, same_shape
 from sbs_widget.engine.node_local import ANCHOR, inner_output_name, local_model
 from sbs_widget.engine.noise import epsilon, judge, largest
+from sbs_widget.engine.onnx_side import OnnxSide
+from sbs_widget.engine.prepared import PreparedPair
 from sbs_widget.engine.reference import upcast
+from sbs_widget.engine.verdicts import Judge
 from sbs_widget.records import Record
 
 
 class InnerValues:
-    """Mixin of ``LockstepRun`` (its state is the run's); ``self._finer``: finer values of the
-    segment being measured, by FX node, ``self._apart``: its inner values recomputed apart (half
-    precision), both dropped after it."""
+    """The inner values of a lockstep run. ``finer``: finer values of the segment being measured, by
+    FX node; ``apart``: its inner values recomputed apart (half precision); both dropped after it
+    (``clear``)."""
+
+    def __init__(self, p: PreparedPair, onnx: OnnxSide, local: LocalRuns, measurer: Measurer, judge: Judge):
+        self.p, self.onnx, self.local, self.measurer, self.judge = p, onnx, local, measurer, judge
+        self.finer: dict[tuple, object] = {}
+        self.apart: dict[str, object] = {}
+
+    def clear(self) -> None:
+        self.finer.clear()
+        self.apart = {}
 
     def _finer_values(self, program: str, exact: bool = False) -> dict | tuple[str, str]:
         """The paired values of a finer reference (``InnerPlan.finer[program]``) on its torch arguments
         (``exact``: in float64), or (the status its records take, why) when there are none."""
         key = (program, exact)
-        cache = self._finer
+        cache = self.finer
         if key in cache:
             return cache[key]
         finer = self.p.inner.finer[program]
-        env = self._with_inputs(self.runner.env)
+        env = self.judge.with_inputs(self.judge.fx_env)
         missing = [a for a in finer.args if a not in env]
         if missing:
             cache[key] = (R.ERROR, f"torch value {missing[0]!r} unavailable (an upstream FX node failed)")
@@ -57,7 +70,7 @@ class InnerValues:
             cache[key] = (R.ERROR, f"the finer reference failed: {type(e).__name__}: {str(e)[:200]}")
         return cache[key]
 
-    def _inner_apart(self, values: list[str], torch_side: bool) -> dict:
+    def recompute_apart(self, values: list[str], torch_side: bool) -> dict:
         """(half-precision programs) ``values``, inner values, recomputed apart by their translations'
         ONNX nodes, fed the ONNX side's values of the translations' inputs (``torch_side``: torch's,
         for err_local): handed back by the lockstep's segments, they would be rounded to float16 where
@@ -70,20 +83,20 @@ class InnerValues:
             if g is not None and g not in groups:
                 groups.append(g)
         inner = {g.value: [x for x in xs if x in values] for g, xs in
-                 ((g, self._inner_outputs([g]).get(g.value, [])) for g in groups)}
+                 ((g, self.local.inner_outputs([g]).get(g.value, [])) for g in groups)}
         inner = {k: xs for k, xs in inner.items() if xs}
         groups = [g for g in groups if g.value in inner]
         feeds: dict[str, np.ndarray] = {}
-        env = self.runner.env
+        env, onnx = self.judge.fx_env, self.onnx
         try:
             for g in groups:
                 for a in g.anchors:
                     if torch_side:
-                        feeds[ANCHOR + a] = self._to_feed(env[twins[a]], a)
+                        feeds[ANCHOR + a] = onnx.to_feed(env[twins[a]], a)
                     else:
-                        feeds[ANCHOR + a] = self._onnx_value(a)
+                        feeds[ANCHOR + a] = onnx.value(a)
                 for c in g.constants:
-                    if self._is_big(c):
+                    if self.local.is_big(c):
                         feeds[c] = p.weights()[c]
         except (KeyError, TypeError, ValueError):
             return {}
@@ -93,15 +106,15 @@ class InnerValues:
             names += [inner_output_name(k, x) for x in inner[g.value]]
             wanted += inner[g.value]
         key = ("inner", tuple(g.value for g in groups), tuple(sorted(types.items())))
-        self.used.append(key)
+        onnx.used.append(key)
         try:
-            fn = p.compiled(self.rt, key, lambda: local_model(p.index, groups, types, inner, values=False)[0])
-            return dict(zip(wanted, self.cancel.call(fn, feeds, names)))
+            fn = p.compiled(onnx.rt, key, lambda: local_model(p.index, groups, types, inner, values=False)[0])
+            return dict(zip(wanted, onnx.cancel.call(fn, feeds, names)))
         except Exception:  # (a translation that cannot run apart: its inner values say so)
-            self.cancel.check("at the inner values of a segment")
+            onnx.cancel.check("at the inner values of a segment")
             return {}
 
-    def _inner_item(self, rec: Record, o: str) -> tuple[Record, object, object]:
+    def item(self, rec: Record, o: str) -> tuple[Record, object, object]:
         """``(record, torch reference value, ONNX value)`` to measure, or the record marked why not
         (then the last two are None)."""
         pair = self.p.inner.pairs[o]
@@ -109,11 +122,11 @@ class InnerValues:
         values = self._finer_values(pair.key)
         if not isinstance(values, dict):
             return self._inner_failed(rec, *values)
-        got = self.onnx_env.get(o, self._apart.get(o))
+        got = self.onnx.env.get(o, self.apart.get(o))
         if got is None and o in self.p.index.initializers:
             got = self.p.weights()[o]
         if got is None:
-            return self._inner_failed(rec, R.ERROR, self.onnx_errors.get(o, "ONNX value unavailable"))
+            return self._inner_failed(rec, R.ERROR, self.onnx.state.errors.get(o, "ONNX value unavailable"))
         if pair.constant:  # the scalar or constant the reference uses there, in the ONNX value's type
             ref = pair.literal if pair.literal is not None else values.get(pair.finer)
             if isinstance(ref, torch.Tensor) and ref.numel() != 1 and ref.numel() != np.size(got):
@@ -143,7 +156,7 @@ class InnerValues:
         rec.comment = _join(rec.comment, why)
         return rec, None, None
 
-    def _judge_inner(self, items: list[tuple[Record, object, object]], local: dict) -> None:
+    def verdicts(self, items: list[tuple[Record, object, object]], local: dict) -> None:
         """err_local from the node-local run, and verdicts on the pairs beyond tolerance."""
         pairs, recs = [], []
         for rec, expected, got in items:
@@ -154,7 +167,8 @@ class InnerValues:
                 if same_shape(e, g):
                     pairs.append((e, g))
                     recs.append(rec)
-        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol, scratch=self.scratch)):
+        atol, rtol = self.measurer.tolerance
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=atol, rtol=rtol, scratch=self.measurer.scratch)):
             rec.err_local = err.err_abs if not err.err_nan else float("inf")
         for rec, expected, got in items:
             if rec.status == R.MISMATCH and expected.dtype.is_floating_point:
@@ -166,7 +180,8 @@ class InnerValues:
         g = np.clip(np.asarray(got, dtype=np.float64), -big, big)
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(g - e.numpy())
-            within = (diff <= self.atol + self.rtol * np.abs(e.numpy())) | (np.isnan(g) & np.isnan(e.numpy()))
+            atol, rtol = self.measurer.tolerance
+            within = (diff <= atol + rtol * np.abs(e.numpy())) | (np.isnan(g) & np.isnan(e.numpy()))
         if within.all():
             rec.status = R.OK
             rec.comment = _join(rec.comment, "within tolerance once -inf and the lowest finite number are read "
@@ -196,7 +211,7 @@ class InnerValues:
             rec.noise = False
             rec.comment = _join(rec.comment, f"beyond rounding: {verdict.err_onnx:.3g} from the reference in float64 "
                                              f"where torch is {verdict.err_torch:.3g} from it")
-        elif self._has_source_upstream(rec.inner_of):
+        elif self.judge.has_source_upstream(rec.inner_of):
             rec.noise = False
             rec.comment = _join(rec.comment, "rounds like torch, but its FX node inherits a difference beyond "
                                              "rounding from upstream")
@@ -206,7 +221,7 @@ class InnerValues:
             rec.comment = _join(rec.comment, "rounding: as close to the reference in float64 as torch, and nothing "
                                              "beyond rounding upstream")
 
-    def _reset_inner(self, rec: Record, o: str) -> None:
+    def reset(self, rec: Record, o: str) -> None:
         """Downstream ONNX nodes read the finer reference's value instead of ``o``."""
         values = self._finer_values(self.p.inner.pairs[o].key)
         expected = values.get(self.p.inner.pairs[o].finer) if isinstance(values, dict) else None
@@ -214,7 +229,7 @@ class InnerValues:
             rec.comment = _join(rec.comment, "cannot reset: no torch reference value")
             return
         try:
-            self.onnx_env[o] = self._to_feed(expected, o)
+            self.onnx.env[o] = self.onnx.to_feed(expected, o)
             rec.status = R.RESET
             rec.comment = _join(rec.comment, "reset: downstream ONNX nodes read the finer torch reference's value")
         except (TypeError, ValueError) as e:

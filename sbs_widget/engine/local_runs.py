@@ -3,29 +3,33 @@ torch inputs, all groups of a segment in one session."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from sbs_widget.dtypes import numpy_elem_type
 from sbs_widget.engine.cancel import where_in
+from sbs_widget.engine.measure import Measurer
 from sbs_widget.engine.metrics import as_numpy, compute_errors_many, same_shape
 from sbs_widget.engine.node_local import ANCHOR, LocalGroup, inner_output_name, local_model
+from sbs_widget.engine.onnx_side import OnnxSide
+from sbs_widget.engine.prepared import PreparedPair
 from sbs_widget.engine.segments import SMALL_INITIALIZER, Segment
 from sbs_widget.records import Record
 
-if TYPE_CHECKING:
-    pass
 
-class NodeLocalRuns:
-    """Mixin of ``LockstepRun`` (its state is the run's)."""
+class LocalRuns:
+    """Node-local runs of a lockstep run, on the ONNX side's runtime, fed from the FX side's values."""
 
-    def _run_local(self, seg: Segment, only: set[str] | None = None) -> dict[str, np.ndarray]:
+    def __init__(self, p: PreparedPair, onnx: OnnxSide, fx_env: dict, measurer: Measurer):
+        self.p, self.onnx, self.fx_env, self.measurer = p, onnx, fx_env, measurer
+
+    def run(self, seg: Segment, only: set[str] | None = None) -> dict[str, np.ndarray]:
         """Node-local values for the compared values of ``seg`` (one session for all groups), or for
         those in ``only``."""
-        p = self.p
-        env = self.runner.env
-        groups = [g for g in self._local_groups(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)
+        p, onnx = self.p, self.onnx
+        env = self.fx_env
+        groups = [g for g in self.groups_of(seg) if all(p.alignment.onnx_to_fx[a] in env for a in g.anchors)
                   and (only is None or g.value in only)]
         if not groups:
             return {}
@@ -34,29 +38,29 @@ class NodeLocalRuns:
             for g in groups:
                 for a in g.anchors:
                     if ANCHOR + a not in feeds:
-                        feeds[ANCHOR + a] = self._to_feed(env[p.alignment.onnx_to_fx[a]], a)
+                        feeds[ANCHOR + a] = onnx.to_feed(env[p.alignment.onnx_to_fx[a]], a)
                 for c in g.constants:
-                    if c not in feeds and self._is_big(c):
+                    if c not in feeds and self.is_big(c):
                         feeds[c] = p.weights()[c]
         except (TypeError, ValueError):
             return {}
-        key, build = self._local_piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
-        self.used.append(key)
-        inner = {} if self.p.half else self._inner_outputs(groups)
+        key, build = self._piece(seg, groups, {k: numpy_elem_type(v) for k, v in feeds.items()})
+        onnx.used.append(key)
+        inner = {} if p.pair.half else self.inner_outputs(groups)
         names = [g.output_name(k) for k, g in enumerate(groups)]
         values = [g.value for g in groups]
         for k, g in enumerate(groups):
             names += [inner_output_name(k, x) for x in inner.get(g.value, ())]
             values += inner.get(g.value, [])
         try:
-            fn = p.compiled(self.rt, key, build)
-            outs = self.cancel.call(fn, feeds, names)
+            fn = p.compiled(onnx.rt, key, build)
+            outs = onnx.cancel.call(fn, feeds, names)
         except Exception as e:  # a node-local group failed (or the run was stopped): one group at a time
-            self.cancel.check(lambda e=e: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
-            return self._run_local_one_by_one(groups, feeds)
+            onnx.cancel.check(lambda e=e: where_in(p.index, seg.start, seg.end, e) + " (node-local run)")
+            return self._one_by_one(groups, feeds)
         return dict(zip(values, outs))
 
-    def _inner_outputs(self, groups: list[LocalGroup]) -> dict[str, list[str]]:
+    def inner_outputs(self, groups: list[LocalGroup]) -> dict[str, list[str]]:
         """Per group value, the paired values inside its translation (``align/inner_pairs.py``) the
         group computes: handed back too, for their err_local."""
         p, out = self.p, {}
@@ -68,7 +72,7 @@ class NodeLocalRuns:
                 out[g.value] = inside
         return out
 
-    def _local_groups(self, seg: Segment) -> list[LocalGroup]:
+    def groups_of(self, seg: Segment) -> list[LocalGroup]:
         """The node-local groups of the compared values of ``seg``."""
         p = self.p
         groups = []
@@ -80,54 +84,54 @@ class NodeLocalRuns:
                         groups.append(g)
         return groups
 
-    def _local_piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
+    def _piece(self, seg: Segment, groups: list[LocalGroup], types: dict[str, int]) -> tuple[tuple, Callable]:
         key = ("local", seg.start, seg.end, tuple(g.value for g in groups), tuple(sorted(types.items())))
-        inner = {} if self.p.half else self._inner_outputs(groups)
+        inner = {} if self.p.pair.half else self.inner_outputs(groups)
         return key, lambda: local_model(self.p.index, groups, types, inner)[0]
 
-    def _local_ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
+    def ahead(self, seg: Segment) -> tuple[tuple, Callable] | None:
         """The node-local piece of ``seg`` as a run will ask for it: every group's anchors fed from
         torch, typed as the ONNX model declares them (None when a type is unknown)."""
         p = self.p
-        groups = self._local_groups(seg)
+        groups = self.groups_of(seg)
         types: dict[str, int] = {}
         for g in groups:
             for a in g.anchors:
                 types[ANCHOR + a] = p.index.types[a].elem_type if a in p.index.types else 0
             for c in g.constants:
-                if self._is_big(c):
+                if self.is_big(c):
                     types[c] = p.index.initializers[c].data_type
         if not groups or not all(types.values()):
             return None
-        return self._local_piece(seg, groups, types)
+        return self._piece(seg, groups, types)
 
-    def _is_big(self, name: str) -> bool:
+    def is_big(self, name: str) -> bool:
         return self.p.index.initializer_numel(name) > SMALL_INITIALIZER
 
-    def _run_local_one_by_one(self, groups, feeds) -> dict[str, np.ndarray]:
-        out = {}
+    def _one_by_one(self, groups: list[LocalGroup], feeds: dict) -> dict[str, np.ndarray]:
+        out, onnx = {}, self.onnx
         for g in groups:
             sub = {ANCHOR + a: feeds[ANCHOR + a] for a in g.anchors}
             sub.update({c: feeds[c] for c in g.constants if c in feeds})
             types = {k: numpy_elem_type(v) for k, v in sub.items()}
             key = ("local1", g.value, tuple(sorted(types.items())))
-            self.used.append(key)
+            onnx.used.append(key)
             try:
-                fn = self.p.compiled(self.rt, key, lambda: local_model(self.p.index, [g], types)[0])
-                out[g.value] = self.cancel.call(fn, sub, [g.output_name(0)])[0]
+                fn = self.p.compiled(onnx.rt, key, lambda: local_model(self.p.index, [g], types)[0])
+                out[g.value] = onnx.cancel.call(fn, sub, [g.output_name(0)])[0]
             except Exception:
-                self.cancel.check(f"at the node-local run of ONNX value {g.value!r}")
+                onnx.cancel.check(f"at the node-local run of ONNX value {g.value!r}")
                 continue
         return out
 
-    def _local_errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> dict[int, float]:
+    def errors(self, items: list[tuple[Record, str, str]], local: dict[str, np.ndarray]) -> dict[int, float]:
         """err_local: the torch value against the ONNX node run on torch inputs. Returns, per record
         (``id``), the largest |torch value| (the scale ``verdicts`` reads ulps against)."""
-        env, reshaped = self.runner.env, self.p.alignment.reshaped
+        env, reshaped, shapes = self.fx_env, self.p.alignment.reshaped, self.onnx.state.shapes
         pairs, recs = [], []
         for rec, fx_name, o in items:
             try:
-                got = np.asarray(local[o]).reshape(self.onnx_shapes.get(o, np.shape(local[o])))
+                got = np.asarray(local[o]).reshape(shapes.get(o, np.shape(local[o])))
                 expected = as_numpy(env[fx_name])
                 if rec.ep_name in reshaped:
                     expected = expected.reshape(got.shape)
@@ -137,8 +141,8 @@ class NodeLocalRuns:
                 pairs.append((expected, got))
                 recs.append(rec)
         scales = {}
-        for rec, err in zip(recs, compute_errors_many(pairs, atol=self.atol, rtol=self.rtol,
-                                                                   scratch=self.scratch)):
+        atol, rtol = self.measurer.tolerance
+        for rec, err in zip(recs, compute_errors_many(pairs, atol=atol, rtol=rtol, scratch=self.measurer.scratch)):
             # a node turning -inf into +inf on torch inputs creates an error too
             rec.err_local = err.err_abs if not err.err_nan else float("inf")
             scales[id(rec)] = err.scale

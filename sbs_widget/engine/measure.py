@@ -1,23 +1,20 @@
-"""Measuring the pairs of a lockstep run: values made readable, error figures for a whole batch
+"""Measuring the pairs of a lockstep run (``Measurer``): values made readable, error figures for a whole batch
 at once, the record fields they fill."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from sbs_widget import records as R
 from sbs_widget.dtypes import numpy_elem_type, onnx_elem_type
-from sbs_widget.engine.metrics import EMPTY_NOTE, as_numpy, beyond_where, compute_errors_many, same_shape
+from sbs_widget.engine.metrics import EMPTY_NOTE, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
+from sbs_widget.engine.tolerance import Tolerance
+from sbs_widget.engine.user_metrics import Figure
 from sbs_widget.engine.user_metrics import measure as measure_figures
 from sbs_widget.errors import ToleranceExceeded
 from sbs_widget.records import HISTOGRAM_EDGES, Record
 from sbs_widget.strings import shape_type
-
-if TYPE_CHECKING:
-    pass
 
 _SHAPE_TYPES: dict[tuple, str] = {}
 
@@ -60,14 +57,22 @@ def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a and b else (a or b)
 
 
-class Measuring:
-    """Mixin of ``LockstepRun`` (its state is the run's)."""
+class Measurer:
+    """Owns the comparison of a run: its tolerance, the metrics asked for, the work buffers."""
 
-    def _compare(self, rec: Record, expected, got) -> Record:
-        self._compare_many([(rec, expected, got)])
+    def __init__(self, tolerance: Tolerance, histogram: bool = True, figures: tuple[Figure, ...] = (),
+                 exc: bool = False):
+        self.tolerance = tolerance
+        self.histogram = histogram  # fill Record.histogram
+        self.figures = figures  # metrics beside the verdict (user_metrics.py)
+        self.exc = exc  # raise ToleranceExceeded at the first pair beyond tolerance
+        self.scratch = Scratch()  # the metrics' work buffers, for the whole run
+
+    def compare(self, rec: Record, expected, got) -> Record:
+        self.compare_many([(rec, expected, got)])
         return rec
 
-    def _compare_many(self, items: list[tuple[Record, object, object]]) -> None:
+    def compare_many(self, items: list[tuple[Record, object, object]]) -> None:
         """Fill the error fields of each ``(record, torch value, ONNX value)``, all pairs at once: the
         figures of a whole segment come from a few vectorized passes (``compute_errors_many``)."""
         ready, arrays = [], []
@@ -87,8 +92,8 @@ class Measuring:
             if pair is not None:
                 ready.append(rec)
                 arrays.append(pair)
-        errors = compute_errors_many(arrays, atol=self.atol, rtol=self.rtol, histogram=self.histogram,
-                                     scratch=self.scratch)
+        atol, rtol = self.tolerance
+        errors = compute_errors_many(arrays, atol=atol, rtol=rtol, histogram=self.histogram, scratch=self.scratch)
         for rec, (err_abs, err_rel, err_dev, err_nan, h01, h001, n, within, histogram, min_atol, _, n_finite) in \
                 zip(ready, errors):
             rec.err_abs, rec.err_rel, rec.err_dev, rec.min_atol = err_abs, err_rel, err_dev, min_atol
@@ -101,7 +106,7 @@ class Measuring:
                 rec.comment = _join(rec.comment, R.NOTHING_FINITE)
         for rec, (e, g) in zip(ready, arrays):
             if rec.status == R.MISMATCH:  # rare: one more pass over this pair only
-                rec.err_where = beyond_where(e, g, atol=self.atol, rtol=self.rtol)
+                rec.err_where = beyond_where(e, g, atol=atol, rtol=rtol)
         if self.figures:
             for rec, (e, g) in zip(ready, arrays):
                 rec.metrics = measure_figures(self.figures, e, g)
@@ -129,10 +134,10 @@ class Measuring:
             rec.comment = _join(rec.comment, f"dtypes differ: torch {torch_dtype} vs onnx {g.dtype}")
         return e, g
 
-    def _check_exc(self, rec: Record) -> None:
+    def check_exc(self, rec: Record) -> None:
         if self.exc and rec.status == R.MISMATCH:
             raise ToleranceExceeded(
-                f"beyond tolerance (atol={self.atol}, rtol={self.rtol}) at FX node {rec.ep_name!r} "
+                f"beyond tolerance (atol={self.tolerance.atol}, rtol={self.tolerance.rtol}) at FX node {rec.ep_name!r} "
                 f"({rec.ep_target}, {rec.ep_shape_type}) vs ONNX value {rec.onnx_name!r} "
                 f"({rec.onnx_op_type} node {rec.onnx_node_name!r}, {rec.onnx_shape_type}): "
                 f"err_abs={rec.err_abs:.3g} err_rel={rec.err_rel:.3g} err_nan={rec.err_nan}"
@@ -140,7 +145,7 @@ class Measuring:
                 rec,
             )
 
-    def _identical(self, rec: Record, value: torch.Tensor) -> Record:
+    def identical(self, rec: Record, value: torch.Tensor) -> Record:
         """``rec`` filled as measuring a value against its own bits (all finite) would fill it."""
         e = value.detach().numpy()  # (a view of a parameter may require grad)
         rec.ep_shape_type = rec.onnx_shape_type = _described(e)

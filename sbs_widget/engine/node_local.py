@@ -14,22 +14,11 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
+from sbs_widget.align.groups import MAX_GROUP_NODES, LocalGroup, build_group  # noqa: F401 (re-exported)
 from sbs_widget.engine.segments import SMALL_INITIALIZER, _output_info, _wrap
 from sbs_widget.load.onnx_index import OnnxIndex
 
-MAX_GROUP_NODES = 64
 ANCHOR = "sbs_torch::"
-
-
-@dataclass
-class LocalGroup:
-    value: str                  # the compared ONNX value this group recomputes
-    nodes: list[int]            # ONNX node indices, topological
-    anchors: list[str]          # values fed from torch (twins exist)
-    constants: list[str]        # initializers read as they are in the ONNX file
-
-    def output_name(self, k: int) -> str:
-        return f"sbs_local{k}::{self.value}"
 
 
 def inner_output_name(k: int, value: str) -> str:
@@ -42,45 +31,6 @@ class LocalPlan:
     groups: list[LocalGroup] = field(default_factory=list)
     anchors: list[str] = field(default_factory=list)
     big_constants: list[str] = field(default_factory=list)
-
-
-def build_group(index: OnnxIndex, value: str, twins: set[str]) -> LocalGroup | None:
-    """The group recomputing ``value`` from twins, or None when it cannot be isolated."""
-    start = index.producer.get(value)
-    if start is None:
-        return None
-    own = index.node_fx[start]  # the FX node the value translates
-    nodes: set[int] = set()
-    foreign = 0  # nodes translating other FX nodes (or none)
-    anchors: list[str] = []
-    constants: list[str] = []
-    stack = [start]
-    while stack:
-        i = stack.pop()
-        if i in nodes:
-            continue
-        node = index.nodes[i]
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-            return None  # renaming values would break the subgraph's outer-scope references
-        nodes.add(i)
-        # One FX node's own translation may be long (an LSTM slices its weights per gate: ~130
-        # nodes); beyond MAX_GROUP_NODES others, the value is too far from any twin.
-        if own is None or index.node_fx[i] != own:
-            foreign += 1
-            if foreign > MAX_GROUP_NODES:
-                return None
-        for x in index.node_inputs[i]:
-            if x in index.initializers:
-                if x not in constants:
-                    constants.append(x)
-            elif x in twins and x != value:
-                if x not in anchors:
-                    anchors.append(x)
-            elif x in index.producer:
-                stack.append(index.producer[x])
-            else:
-                return None  # a graph input without twin: nothing to feed
-    return LocalGroup(value, sorted(nodes), anchors, constants)
 
 
 def local_model(index: OnnxIndex, groups: list[LocalGroup], feed_types: dict[str, int],

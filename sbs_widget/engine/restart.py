@@ -23,6 +23,9 @@ import dataclasses
 import numpy as np
 import torch
 
+from sbs_widget.engine.prepared import PreparedPair
+from sbs_widget.engine.record_plan import record_positions
+from sbs_widget.engine.run_parts import RunParts
 from sbs_widget.records import Record
 
 MIN_BUDGET = 32 << 20
@@ -61,33 +64,37 @@ class RunCuts:
         self._flat_ids = {id(t) for t in flat}
         self._counted = 0  # cuts counted in nbytes
 
-    def take(self, run, s: int, a: int, b: int, n_before: int, sources_before: set, every: int) -> None:
-        """Keep cuts inside segment ``s`` (nodes ``[a, b)``) of ``run``, just run and measured (its
-        values all at hand): at node boundaries ``every`` nodes apart where every value crossing
-        the boundary is at hand (handed back by a segment), each with only what the rest needs."""
-        p = run.p
+    def take(self, parts: RunParts, release_at: list[str], a: int, b: int, n_before: int, sources_before: set,
+             every: int) -> None:
+        """Keep cuts inside the segment of nodes ``[a, b)`` of a run, just run and measured (its values
+        all at hand; ``release_at``: the FX values it releases): at node boundaries ``every`` nodes
+        apart where every value crossing the boundary is at hand (handed back by a segment), each
+        with only what the rest needs."""
+        p, state = parts.p, parts.state
         plan = _boundaries(p, a, b, every)
         if not plan:
             return
         producer = p.index.producer
-        at = _record_positions(p)
+        at = record_positions(p.pair, p.cache)
         made = [at.get(r.onnx_name, -1) for r in self.records[n_before:]]
-        release = set(run.release_at[s])
-        env_now, onnx_now = run.runner.env, run.onnx_env
-        fed = p.__dict__.get("_placeholder_names")
+        release = set(release_at)
+        env_now, onnx_now = state.fx.env, state.onnx.env
+        fed = p.cache.placeholder_names
         if fed is None:  # inputs and weights: the restarted run is fed them again
-            fed = p.__dict__["_placeholder_names"] = {n.name for n in p.fx_nodes if n.op == "placeholder"}
+            fed = p.cache.placeholder_names = frozenset(n.name for n in p.fx_nodes if n.op == "placeholder")
         later_fx = {n for n in env_now if n not in release and n not in fed}
-        times, fx_errors, onnx_errors = dict(run.fx_times), dict(run.fx_errors), dict(run.onnx_errors)
-        new_sources = {f: producer.get(p.alignment.twin(f) or "", b) for f in run.sources - sources_before}
+        times, fx_errors, onnx_errors = dict(state.fx.times), dict(state.fx.errors), dict(state.onnx.errors)
+        sources = state.judged.sources
+        new_sources = {f: producer.get(p.alignment.twin(f) or "", b) for f in sources - sources_before}
         for c, crossing, twins_after in plan:
             if not all(v in onnx_now for v in crossing):
                 continue  # a value only the segment saw: no state to restart from here
             env = {n: v for n, v in env_now.items() if n in later_fx or (n in twins_after and n not in fed)}
-            self.cuts.append(Cut(c, run.runner.position, env, times, fx_errors,
+            shapes = state.onnx.shapes
+            self.cuts.append(Cut(c, parts.fx.position, env, times, fx_errors,
                                  {v: onnx_now[v] for v in crossing},
-                                 {v: run.onnx_shapes[v] for v in crossing if v in run.onnx_shapes}, onnx_errors,
-                                 sources_before | {f for f, i in new_sources.items() if i < c}, run.done,
+                                 {v: shapes[v] for v in crossing if v in shapes}, onnx_errors,
+                                 sources_before | {f for f, i in new_sources.items() if i < c}, state.done,
                                  n_before + sum(1 for i in made if i < c)))
         self._fit()
 
@@ -154,20 +161,20 @@ class RunCuts:
         self._fit()
 
 
-def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set[str]]]:
+def _boundaries(p: PreparedPair, a: int, b: int, every: int) -> list[tuple[int, list[str], set[str]]]:
     """The candidate cuts in segment ``[a, b)``, worked out once per prepared pair: ``(c, the ONNX
     values crossing c (produced before, read at or after, or inputs read after), the FX names whose
     values the rest of the segment compares or the crossing values stand for)``."""
-    cache = p.__dict__.setdefault("_cut_boundaries", {})
+    cache = p.cache.cut_boundaries
     key = (a, b, every)
     if key in cache:
         return cache[key]
-    producer, last_reader = p.index.producer, p.last_reader
+    producer, last_reader = p.index.producer, p.schedule.last_reader
     to_fx, aliases, inputs = p.alignment.onnx_to_fx, p.alignment.aliases, set(p.index.inputs)
     # A half-precision program restarts at segment ends only: onnxruntime's CPU provider computes
     # float16 ops in float32 and keeps a value in float32 for a reader in the same segment, so a
     # boundary inside a segment changes its last bits (a rerun cut there would not be the full rerun).
-    half = any(getattr(d, "is_floating_point", False) and d.itemsize == 2 for d in p.alignment.fx_dtypes)
+    half = p.pair.half
     plan = []
     for c in [c for c in range(a + 1, b + 1) if (c % every == 0 and not half) or c == b]:
         crossing = [v for v, last in last_reader.items() if last >= c and (producer.get(v, c) < c or v in inputs)]
@@ -177,22 +184,15 @@ def _boundaries(p, a: int, b: int, every: int) -> list[tuple[int, list[str], set
         # and the arguments the rest of the segment's inner values and float64 references read
         rest = {to_fx[o] for o, i in producer.items() if c <= i < b and o in to_fx}
         twins.update(a.name for f in rest for a in p.fx_nodes[p.fx_position[f]].all_input_nodes)
-        twins.update(a for o, i in _record_positions(p).items() if c <= i < b and o in p.inner.pairs
+        twins.update(a for o, i in record_positions(p.pair, p.cache).items() if c <= i < b and o in p.inner.pairs
                      for a in p.inner.finer[p.inner.pairs[o].key].args)
         plan.append((c, crossing, twins))
     cache[key] = plan
     return plan
 
 
-def _record_positions(p) -> dict[str, int]:
-    """ONNX value -> the node its record comes with (its producer; an inner constant: its reader)."""
-    cached = p.__dict__.get("_record_positions")
-    if cached is None:
-        cached = p.__dict__["_record_positions"] = {**p.index.producer, **p.inner.recorded_at(p.index.producer)}
-    return cached
-
-
-def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget: int | None):
+def open_cuts(p: PreparedPair, flat: list, runtime, device, options: tuple, reset: frozenset,
+              budget: int | None) -> tuple[RunCuts | None, Cut | None]:
     """(the cuts this run keeps, or None; the cut it restarts from, or None). ``options``: what
     else must be equal (tolerances, node_local, histogram, reference, segment_nodes); ``budget``:
     bytes the cuts may hold (None: ``default_budget``, 0: keep none)."""
@@ -200,37 +200,35 @@ def open_cuts(p, flat, runtime, device, options: tuple, reset: frozenset, budget
         return None, None
     inputs = tuple((id(t), t._version) if isinstance(t, torch.Tensor) else (id(t),) for t in flat)
     key = (inputs, str(device), id(runtime), options)
-    before: RunCuts | None = getattr(p, "_run_cuts", None)
+    before: RunCuts | None = p.cache.run_cuts
     cut = before.restart_point(key, reset, p.index.producer) if before is not None else None
     kept = RunCuts(key, reset, default_budget(p) if budget is None else budget, flat)
     if cut is not None:
         kept.inherit(before, cut)
         kept.prefix = before.reused(cut)
-    p._run_cuts = kept
+    p.cache.run_cuts = kept
     return kept, cut
 
 
-def default_budget(p) -> int:
+def default_budget(p: PreparedPair) -> int:
     """Twice the eager live set, 32 MiB at least."""
-    return max(2 * p.live_bytes, MIN_BUDGET)
+    return max(2 * p.schedule.live_bytes, MIN_BUDGET)
 
 
-def restore(run, cut: Cut) -> int:
-    """Put ``run`` (a fresh ``LockstepRun``) in the state ``cut`` kept; returns the segment to go on at."""
-    run.runner.env.update(cut.fx_env)  # (after the inputs and weights, fed as for a first run)
-    run.runner.position = cut.fx_position
-    run.fx_times.update(cut.fx_times)
-    run.fx_errors.update(cut.fx_errors)
-    run.onnx_env.update(cut.onnx_env)
-    run.onnx_shapes.update(cut.onnx_shapes)
-    run.onnx_errors.update(cut.onnx_errors)
-    run.sources = set(cut.sources)
-    run._downstream.clear()
-    run._downstream_at = -1
-    run.done = cut.done
-    k = next((i for i, (a, _) in enumerate(run.ranges) if a == cut.start), len(run.ranges))  # (or past the end)
-    run.current_segment = k - 1
-    return k
+def restore(parts: RunParts, ranges: list[tuple[int, int]], cut: Cut) -> int:
+    """Put a fresh run (``parts``, inputs and weights fed; cut into ``ranges``) in the state ``cut``
+    kept; returns the segment to go on at."""
+    state = parts.state
+    state.fx.env.update(cut.fx_env)  # (after the inputs and weights, fed as for a first run)
+    parts.fx.runner.position = cut.fx_position
+    state.fx.times.update(cut.fx_times)
+    state.fx.errors.update(cut.fx_errors)
+    state.onnx.env.update(cut.onnx_env)
+    state.onnx.shapes.update(cut.onnx_shapes)
+    state.onnx.errors.update(cut.onnx_errors)
+    parts.judge.restore(cut.sources)
+    state.done = cut.done
+    return next((i for i, (a, _) in enumerate(ranges) if a == cut.start), len(ranges))  # (or past the end)
 
 
 def _bytes(values) -> int:

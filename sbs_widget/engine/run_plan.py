@@ -1,5 +1,5 @@
-"""What a lockstep run follows, worked out once per cut of the ONNX graph and kept by the ``Prepared``
-pair (``Prepared.release_plan``): what comes after each FX node, and when torch values may go."""
+"""What a lockstep run follows, worked out once per cut of the ONNX graph and kept by the prepared
+pair (``PreparedPair.release_plan``): what comes after each FX node, and when torch values may go."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import torch
 
-    from sbs_widget.engine.prepared import Prepared
+    from sbs_widget.align.pair import Pair
 
 # What follows an FX node's run (``fx_after``): nothing (not a call), its time only (its
 # twin is compared with its segment), a one-sided record, or a comparison with a folded initializer.
@@ -25,7 +25,8 @@ class ReleasePlan(NamedTuple):
     single: list[bool]  # per segment, whether the FX stretch computed for it runs on one thread
 
 
-def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, reference: bool = False) -> ReleasePlan:
+def release_plan(p: Pair, small_fx_nodes: frozenset[int], ranges: list[tuple[int, int]], node_local: bool,
+                 reference: bool = False) -> ReleasePlan:
     """The ``ReleasePlan`` of a run of ``p`` cut into ``ranges``. ``reference``: the run may rerun a
     compared node in float64 and its ONNX group on torch inputs (``verdicts.py``) when the pair fails
     the tolerance: the node's FX inputs and its group's anchors are held until its segment is done."""
@@ -75,12 +76,12 @@ def release_plan(p: Prepared, ranges: list[tuple[int, int]], node_local: bool, r
     # whether the FX stretch computed for each segment runs on one thread (small ops only)
     single, done = [], -1
     for need in fx_need:
-        single.append(all(i in p.small_fx_nodes for i in range(done + 1, need + 1)))
+        single.append(all(i in small_fx_nodes for i in range(done + 1, need + 1)))
         done = max(done, need)
     return ReleasePlan(segment_of_node, fx_release, fx_need, release_at, single)
 
 
-def _hold_reference_inputs(p: Prepared, fx_name: str, value: str, s: int, fx_release: dict[str, int]) -> None:
+def _hold_reference_inputs(p: Pair, fx_name: str, value: str, s: int, fx_release: dict[str, int]) -> None:
     """Hold, until segment ``s`` is done, the torch values a float64 reference of ``fx_name`` reads
     (``verdicts.py``): its ONNX group's anchors (held above) or its own inputs (an item of a tuple:
     its producer's). The program's inputs and weights are read from the run's inputs."""

@@ -11,6 +11,7 @@ models per comparison (one per segment of the graph, see ``segments.py``), never
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from typing import Callable, Protocol, runtime_checkable
 
@@ -27,16 +28,41 @@ Compiled = Callable[[dict[str, np.ndarray], list[str]], list[np.ndarray]]
 
 @runtime_checkable
 class Runtime(Protocol):
-    """What the engine needs from a runtime. Optional: ``compiles_in_background = True`` lets the engine
-    compile the coming segments in a background thread (``compile`` must then be thread-safe);
-    ``accepts_serialized = True`` has ``compile`` also take the model as serialized bytes (the engine
-    builds segments as bytes; otherwise it parses them into a ``ModelProto`` first)."""
+    """What the engine needs from a runtime: a ``name`` and ``compile``. A runtime may also declare the
+    capabilities of ``Capabilities`` as attributes of the same names; ``capabilities`` reads them once
+    per run, each missing one at its default."""
 
     name: str
 
     def compile(self, model: onnx.ModelProto) -> Compiled:
         """Prepare ``model``; the result is called with feeds and the output names wanted."""
         ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """Every optional capability of a runtime the engine uses, with its default."""
+
+    # the engine may compile the coming segments in a background thread (``compile`` is thread-safe)
+    compiles_in_background: bool = False
+    # ``compile`` also takes the model as serialized bytes (segments are built as bytes; otherwise
+    # they are parsed into a ``ModelProto`` first)
+    accepts_serialized: bool = False
+    # threads per session (0: the runtime's default); 1 lets a segment run alongside the FX side
+    intra_op_num_threads: int = 0
+    # every weight is fed as an input of the segments (a deployed runtime: a weight seen as a constant
+    # would be folded, asking for a value keeps it from a fusion: ``deployed/runtime.py``)
+    weights_in_segments: bool = False
+    # ``vanished_values(model) -> {value: why}``: the values the runtime's optimized graph no longer
+    # computes (reported one-sided with why, never asked for); None: all are computed
+    vanished_values: Callable[[onnx.ModelProto], dict[str, str]] | None = None
+
+
+def capabilities(runtime: Runtime) -> Capabilities:
+    """The capabilities ``runtime`` declares (see ``Capabilities``)."""
+    defaults = Capabilities()
+    return Capabilities(**{f.name: getattr(runtime, f.name, getattr(defaults, f.name))
+                           for f in dataclasses.fields(Capabilities)})
 
 
 class OnnxruntimeRuntime:

@@ -21,6 +21,7 @@ float64; constant-folded values against their computation from the weights in fl
 from __future__ import annotations
 
 import collections
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,7 +30,11 @@ from sbs_widget import records as R
 from sbs_widget.engine.measure import _join
 from sbs_widget.engine.noise import Verdict, epsilon, judge, largest
 from sbs_widget.engine.reference import FROM_PLACEHOLDERS, NoReference, ProgramShadow, reference_of, upcast
+from sbs_widget.engine.run_state import JudgeState
 from sbs_widget.records import Record
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.prepared import Prepared
 
 SUSPECT_ULPS = 64  # node-local |diff| beyond this many ulps of the value's scale: checked in float64
 # A pair beyond tolerance whose node, on torch's inputs, agrees with torch within this many ulps of the
@@ -37,22 +42,35 @@ SUSPECT_ULPS = 64  # node-local |diff| beyond this many ulps of the value's scal
 SAME_ULPS = 2
 
 
-class Judging:
-    """Mixin of ``LockstepRun`` (its state is the run's): ``self.sources``, the FX nodes (and
-    placeholders) where a difference beyond rounding is born."""
+class Judge:
+    """Owns the verdicts of a run: which pairs beyond tolerance are noise, which mismatches, and the
+    sources found so far (``state.sources``: the FX nodes and placeholders where a difference beyond
+    rounding is born)."""
 
-    def _init_judging(self) -> None:
-        self.sources: set[str] = set()
+    def __init__(self, p: Prepared, flat: list, state: JudgeState, fx_env: dict, onnx_env: dict,
+                 reset: frozenset[str]):
+        self.p, self.flat, self.state = p, flat, state
+        self.fx_env, self.onnx_env = fx_env, onnx_env  # the sides' values (read only)
         self._downstream: dict[str, bool] = {}  # FX name -> a source upstream (valid for len(sources))
         self._downstream_at = 0
         # values reset to torch's: downstream ONNX nodes read torch's value, no difference passes them
-        to_fx = self.p.alignment.onnx_to_fx
-        self._cuts = {to_fx[v] for v in self.reset if v in to_fx}
+        to_fx = p.alignment.onnx_to_fx
+        self._cuts = {to_fx[v] for v in reset if v in to_fx}
         self._placeholders: dict | None = None
         self._shadow: ProgramShadow | None = None  # the program in float64, once a verdict needs it
         self._no_shadow = ""  # why there is none (memory, no float64 kernel)
 
-    def _with_inputs(self, env: dict) -> collections.ChainMap:
+    @property
+    def sources(self) -> set[str]:
+        return self.state.sources
+
+    def restore(self, sources: set[str]) -> None:
+        """Go on from a kept state (``restart.py``): its sources, the memo forgotten."""
+        self.state.sources = set(sources)
+        self._downstream.clear()
+        self._downstream_at = -1
+
+    def with_inputs(self, env: dict) -> collections.ChainMap:
         """``env`` and, behind it, the run's inputs and weights by placeholder name (the runner frees
         them from ``env`` after their last reader; the caller still holds them)."""
         if self._placeholders is None:
@@ -60,11 +78,11 @@ class Judging:
             self._placeholders = dict(zip(names, self.flat))
         return collections.ChainMap(env, self._placeholders)
 
-    def _add_source(self, fx_name: str | None) -> None:
-        if fx_name is not None and fx_name not in self.sources:
-            self.sources.add(fx_name)
+    def add_source(self, fx_name: str | None) -> None:
+        if fx_name is not None:
+            self.state.sources.add(fx_name)
 
-    def _has_source_upstream(self, fx_name: str) -> bool:
+    def has_source_upstream(self, fx_name: str) -> bool:
         """Whether a source lies upstream of FX node ``fx_name`` (itself excluded), through the FX
         program's data flow. Memoized until a new source appears (rare: real faults only)."""
         if self._downstream_at != len(self.sources):
@@ -85,10 +103,10 @@ class Judging:
             stack.extend((m, False) for m in n.all_input_nodes if m.name not in memo)
         return any(memo[n.name] for n in node.all_input_nodes)
 
-    def _judge_segment(self, records: list[tuple[Record, str | None, str | None]], local: dict[str, np.ndarray],
+    def judge_segment(self, records: list[tuple[Record, str | None, str | None]], local: dict[str, np.ndarray],
                        local_scale: dict[int, float]) -> None:
         """Judge the records of one segment (in node order: sources upstream are known first)."""
-        env, onnx_env, p = self.runner.env, self.onnx_env, self.p
+        env, onnx_env, p = self.fx_env, self.onnx_env, self.p
         references: dict[tuple, torch.Tensor | NoReference] = {}
         mismatch = R.MISMATCH
         # the pairs to judge: beyond tolerance, or with a node-local error (maybe a source below it);
@@ -102,7 +120,7 @@ class Judging:
             if fx_name not in env or not isinstance(env[fx_name], torch.Tensor) or \
                     not env[fx_name].dtype.is_floating_point:
                 if rec.status == R.MISMATCH:
-                    self._add_source(fx_name)  # integers, bools: compared exactly, never rounding
+                    self.add_source(fx_name)  # integers, bools: compared exactly, never rounding
                 continue
             beyond = rec.status == R.MISMATCH
             scale = local_scale.get(id(rec))
@@ -110,7 +128,7 @@ class Judging:
                 continue
             if beyond and o in local and scale is not None and rec.err_local is not None and \
                     rec.err_local <= SAME_ULPS * epsilon(env[fx_name]) * scale:
-                self._inherited(rec, fx_name, f"on torch's inputs the ONNX side agrees with torch within "
+                self.inherited(rec, fx_name, f"on torch's inputs the ONNX side agrees with torch within "
                                               f"{SAME_ULPS} ulps of the value's scale")
                 continue
             if shadow is not None and id(rec) in direct and \
@@ -124,21 +142,21 @@ class Judging:
             reference = references.get(key)
             if reference is None:
                 try:
-                    reference = reference_of(p.fx_nodes[p.fx_position[fx_name]], self._with_inputs(env), stop)
+                    reference = reference_of(p.fx_nodes[p.fx_position[fx_name]], self.with_inputs(env), stop)
                 except NoReference as e:
                     reference = e
                 references[key] = reference
             if isinstance(reference, NoReference):
                 if beyond:
                     rec.comment = _join(rec.comment, f"no float64 reference ({reference}): the tolerance rule stands")
-                    self._add_source(fx_name)
+                    self.add_source(fx_name)
                 continue
             try:
                 verdict = judge(env[fx_name], got, reference, epsilon(env[fx_name]), largest(env[fx_name]))
             except (ValueError, TypeError, RuntimeError) as e:
                 if beyond:
                     rec.comment = _join(rec.comment, f"no float64 verdict ({e}): the tolerance rule stands")
-                    self._add_source(fx_name)
+                    self.add_source(fx_name)
                 continue
             self._apply(rec, fx_name, verdict, beyond)
         if shadow is not None:
@@ -173,7 +191,7 @@ class Judging:
         if not verdict.noise:
             return False
         rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
-        self._inherited(rec, fx_name, "onnxruntime as close to the program run in float64 as torch, and its node "
+        self.inherited(rec, fx_name, "onnxruntime as close to the program run in float64 as torch, and its node "
                                       f"agrees with torch on torch's inputs within {SUSPECT_ULPS} ulps of the scale")
         return True
 
@@ -187,7 +205,8 @@ class Judging:
             if why:
                 self._no_shadow = why
                 return None
-            self._shadow = ProgramShadow(self.p.decomposed_ep, self.flat, self.p.fx_last_use, self.p.weight_files)
+            self._shadow = ProgramShadow(self.p.decomposed_ep, self.flat, self.p.schedule.fx_last_use,
+                                         self.p.weight_files)
         position = self.p.fx_position
         self._shadow.advance(max(position[n] for n in names), keep=names)
         if self._shadow.failed is not None:
@@ -205,18 +224,18 @@ class Judging:
         rec.err_torch, rec.err_onnx, rec.ref_scale = verdict.err_torch, verdict.err_onnx, verdict.scale
         rec.local_noise = verdict.noise
         if not verdict.noise:  # the node itself creates a difference beyond rounding
-            self._add_source(fx_name)
+            self.add_source(fx_name)
             rec.noise = False
             if beyond:
                 rec.comment = _join(rec.comment, _beyond_rounding(verdict))
             return
         if beyond:
-            self._inherited(rec, fx_name, "onnxruntime about as close to exact (float64) as torch")
+            self.inherited(rec, fx_name, "onnxruntime about as close to exact (float64) as torch")
 
-    def _inherited(self, rec: Record, fx_name: str, why: str) -> None:
+    def inherited(self, rec: Record, fx_name: str, why: str) -> None:
         """A pair beyond tolerance whose node creates nothing beyond rounding: what it inherits decides."""
         rec.local_noise = True
-        if self._has_source_upstream(fx_name):
+        if self.has_source_upstream(fx_name):
             rec.noise = False
             rec.comment = _join(rec.comment, f"the node rounds like torch ({why}), but inherits a difference "
                                              "beyond rounding from upstream")
@@ -225,7 +244,7 @@ class Judging:
         rec.status = R.NOISE
         rec.comment = _join(rec.comment, f"rounding: {why}, and nothing beyond rounding upstream")
 
-    def _weight_beyond_rounding(self, rec: Record, expected, got) -> None:
+    def weight_beyond_rounding(self, rec: Record, expected, got) -> None:
         """A weight within tolerance whose ONNX copy is off by more than a few ulps of its own value:
         the file holds another weight (a fault the tolerance of a float16 program can hide)."""
         if not isinstance(expected, torch.Tensor) or not expected.dtype.is_floating_point:
@@ -239,14 +258,14 @@ class Judging:
             rec.err_torch, rec.err_onnx, rec.ref_scale = 0.0, verdict.err_onnx, verdict.scale
             rec.comment = _join(rec.comment, "within tolerance, but the ONNX file's weight differs from the "
                                              "program's beyond rounding")
-            self._add_source(rec.ep_name)
+            self.add_source(rec.ep_name)
 
-    def _judge_folded(self, items: list[tuple[Record, object, object]]) -> None:
+    def judge_folded(self, items: list[tuple[Record, object, object]]) -> None:
         """Constant-folded values (a standardized weight, a mask) beyond tolerance: the exporter's
         optimizer computed them, the way it rounds; against the FX computation from the weights in
         float64, they are noise when as close to exact as torch's own value."""
         p = self.p
-        placeholders = self._with_inputs({})
+        placeholders = self.with_inputs({})
         for rec, expected, got in items:
             # (beyond tolerance only: folded tables such as rotary cos/sin differ by rounding on every
             # run, and a weight stored transposed is compared as a weight)
@@ -269,7 +288,7 @@ class Judging:
                 rec.comment = _join(rec.comment, _beyond_rounding(verdict).replace("on torch's inputs",
                                                                                    "from the weights"))
 
-    def _judge_outputs(self, items: list[tuple[Record, str | None, object, object]]) -> None:
+    def judge_outputs(self, items: list[tuple[Record, str | None, object, object]]) -> None:
         """The outputs beyond tolerance, judged on the whole program: torch's outputs and onnxruntime's
         measured against the program run in float64 from the same inputs (when it fits in memory).
         That also catches what no single node shows: a fault too small to be seen where it is born."""
@@ -279,7 +298,7 @@ class Judging:
             return
         references, why = self._program_reference([fx for _, fx, _, _ in beyond])
         for rec, fx_name, expected, got in beyond:
-            upstream = fx_name in self.sources or self._has_source_upstream(fx_name)
+            upstream = fx_name in self.sources or self.has_source_upstream(fx_name)
             reference = references.get(fx_name)
             if reference is None:  # the sources alone decide
                 rec.noise = not upstream
@@ -319,14 +338,14 @@ class Judging:
         p = self.p
         # weights are raised to float64 where read (one at a time); the live set all in float64
         largest = max((t.numel() * t.element_size() for t in p.decomposed_ep.state_dict.values()), default=0)
-        need = (largest + 4 * p.live_bytes) * 8 // max(1, _smallest_float_size(p))
+        need = (largest + 4 * p.schedule.live_bytes) * 8 // max(1, _smallest_float_size(p))
         available = available_memory()
         if available is not None and need > available // 2:
             return f"no whole-program float64 run: it needs ~{need / 2**30:.1f} GiB, {available / 2**30:.1f} free"
         return ""
 
 
-def _smallest_float_size(p) -> int:
+def _smallest_float_size(p: Prepared) -> int:
     sizes = [d.itemsize for d in p.alignment.fx_dtypes if isinstance(d, torch.dtype) and d.is_floating_point]
     return min(sizes, default=4)
 

@@ -11,7 +11,7 @@ import torch
 from sbs_widget.load.mapped_weights import PagesRead
 
 if TYPE_CHECKING:
-    from sbs_widget.engine.prepared import Prepared
+    from sbs_widget.align.pair import Pair
 
 
 # From this size on, a weight stored transposed is transposed by the segment (onnxruntime, in the
@@ -58,8 +58,8 @@ class Weights:
     ONNX side still computes with exactly the file's values, and the weights are held once.
     """
 
-    def __init__(self, p: Prepared):
-        if p.weight_bytes >= BIG_MODEL_BYTES:  # before the runtime's first casts of these weights (small models:
+    def __init__(self, p: Pair, weight_bytes: int, weight_files: list):
+        if weight_bytes >= BIG_MODEL_BYTES:  # before the runtime's first casts of these weights (small models:
             big_blocks_apart()  # their blocks are below the threshold anyway, and the process keeps glibc's own)
         self._arrays: dict[str, np.ndarray] = {}
         self._views: dict[str, tuple] = {}  # name -> (torch tensor, transposed?)
@@ -74,7 +74,7 @@ class Weights:
             src = p.index.folded_from(name)
             if name not in twins and len(src) == 1 and src[0] in params:
                 twins[name] = (src[0], True)
-        read = PagesRead(p.weight_files)  # (a big .pt2's weights: their pages handed back as this goes)
+        read = PagesRead(weight_files)  # (a big .pt2's weights: their pages handed back as this goes)
         for name in p.index.initializers:
             arr, raw = p.index.initializer_data(name)
             twin = twins.get(name)
