@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "sbs_widget"
 MAX_LINES = 450
 MAX_FUNCTION_LINES = 80
@@ -123,9 +121,6 @@ def test_no_import_cycle_inside_the_package():
     assert cycles(import_graph()) == [], "import cycles (lazy imports included)"
 
 
-# engine.run_plan, engine.weights and engine.lockstep name ``Prepared`` under TYPE_CHECKING while
-# engine.prepared imports them: the engine refactor removes those typing-only imports
-@pytest.mark.xfail(strict=False, reason="engine refactor in progress: typing-only imports of engine.prepared")
 def test_no_cycles_including_typing_only():
     found = cycles(import_graph(typing_too=True))
     assert found == [], f"import cycles (lazy and typing-only imports included): {found}"
@@ -198,7 +193,6 @@ def long_functions(path: pathlib.Path, limit: int) -> list[str]:
             and (n := node.end_lineno - node.lineno + 1) > limit]
 
 
-@pytest.mark.xfail(strict=False, reason="engine refactor in progress")
 def test_no_function_over_the_size_one_reader_holds():
     long = [f for sub in ("engine", "align") for path in sorted((PACKAGE / sub).rglob("*.py"))
             for f in long_functions(path, MAX_FUNCTION_LINES)]
