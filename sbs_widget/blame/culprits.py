@@ -48,8 +48,8 @@ _TYPE_NAME = {v: onnx.TensorProto.DataType.Name(v).lower() for v in _MANTISSA}
 # Weights of the evidence in the score (sum to 1): node-local share, inputs agree, first divergence,
 # NaN/Inf born here.
 W_LOCAL, W_INPUTS, W_FIRST, W_NAN = 0.6, 0.2, 0.1, 0.1
-# Errors below ``atol * NOISE`` are float rounding, not a signal (used when tracing errors back).
-NOISE = 1e-2
+# Errors below the tolerance's ``trace_floor`` (atol * ``TRACE_SHARE``: why that share, in
+# engine/tolerance.py) are float rounding, not a signal, when an error is traced back.
 
 
 def _g(x: float | None) -> str:
@@ -243,7 +243,8 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
     ['n']
     """
     records = list(records)
-    atol, rtol = prepared.tolerance(atol, rtol) if prepared is not None else resolve(atol, rtol, None)
+    tolerance = prepared.tolerance(atol, rtol) if prepared is not None else resolve(atol, rtol, None)
+    atol, rtol = tolerance
     ctx = _Context(records, prepared)
     out: list[Culprit] = []
     first_seen = False
@@ -288,7 +289,7 @@ def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared
         rec = records[origin]
         if any(c in explained for c in ctx.group_constants(rec.onnx_name)):
             continue
-        agree, worst_in, _ = ctx.input_state(rec.onnx_name, noise=atol * NOISE)
+        agree, worst_in, _ = ctx.input_state(rec.onnx_name, noise=tolerance.trace_floor)
         share = min(1.0, (rec.err_local or 0.0) / rec.err_abs) if rec.err_abs else 0.0
         evidence = W_LOCAL * share + W_INPUTS * (1.0 if agree else 0.0)
         c = _node_culprit(origin, rec, ctx, evidence, share, agree, worst_in, False, False)
