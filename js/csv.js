@@ -1,4 +1,7 @@
-// CSV of the rows on screen (filtered, sorted), every field of the records.
+// CSV of the rows on screen (filtered, sorted), every field of the records, then each metric's figure
+// under the metric's name.
+
+import { isMetric, metricName } from "./rules.js";
 
 function cell(v) {
   if (v === null || v === undefined) return "";
@@ -12,7 +15,8 @@ function cell(v) {
 
 export function toCSV(rows, columns, index) {
   const keys = ["i", ...columns.filter((c) => c !== "i")];
-  const lines = [keys.join(",")];
+  // a metric's name comes from a user: its header cell is neutralised like any text cell
+  const lines = [keys.map((c) => (isMetric(c) ? cell(metricName(c)) : c)).join(",")];
   const order = index || rows.map((_, k) => k);
   for (const k of order) {
     const row = rows[k];

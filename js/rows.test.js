@@ -63,6 +63,18 @@ test("isWithin uses the engine's verdict at the run's tolerances only", () => {
   assert.equal(isWithin({ ...row, err_nan: 2 }, 1, 1, 1e-4, 1e-4), false);
 });
 
+test("isWithin at another atol: the element-wise rule (min_atol <= atol), at the run's rtol", () => {
+  // every element passes at atol 1.5e-4 (rtol 1e-4), though the largest difference is 2e-4
+  const row = { err_abs: 2e-4, err_rel: 1e-3, min_atol: 1.5e-4, status: "mismatch", within_tolerance: false, err_nan: 0 };
+  assert.equal(isWithin(row, 1.6e-4, 1e-4, 1e-4, 1e-4), true);
+  assert.equal(isWithin(row, 1.4e-4, 1e-4, 1e-4, 1e-4), false);
+  // an rtol change is not judged from the figures (err_rel <= rtol would say within): the run's verdict
+  assert.equal(isWithin(row, 1e-4, 0.9, 1e-4, 1e-4), false);
+  // no min_atol (records saved before it): err_abs stands in
+  assert.equal(isWithin({ ...row, min_atol: null }, 1.6e-4, 1e-4, 1e-4, 1e-4), false);
+  assert.equal(isWithin({ ...row, min_atol: null }, 2e-4, 1e-4, 1e-4, 1e-4), true);
+});
+
 test("toCSV quotes commas, quotes and newlines; writes NaN/inf", () => {
   const csv = toCSV([{ i: 0, ep_name: 'a,"b"\nc', err_abs: NaN, histogram: [1, 2] }], ["ep_name", "err_abs", "histogram"]);
   assert.equal(csv, 'i,ep_name,err_abs,histogram\n0,"a,""b""\nc",NaN,1 2\n');

@@ -1,18 +1,24 @@
 // The rules the view shares with the kernel, applied to the data of spec.gen.js (generated from
-// sbs_widget/views/shared_rules.py, where each rule's Python twin lives and the colour scale is
+// sbs_widget/shared_rules.py, where each rule's Python twin lives and the colour scale is
 // explained). tests/test_shared_rules.py feeds the same records to both and compares the answers.
-import { COLOR_SCALE, EXACT_ELEM_TYPES, NO_VERDICT, NUMERIC_COLUMNS, SEVERITY, SHAPE_TYPE } from "./spec.gen.js";
+import { COLOR_SCALE, EXACT_ELEM_TYPES, METRIC_PREFIX, NO_VERDICT, NUMERIC_COLUMNS, SEVERITY, SHAPE_TYPE } from "./spec.gen.js";
 
-export { BROADCAST, GRAPH_SPEC_MARKER, HISTOGRAM_EDGES, MESSAGES, NON_FINITE, ROW_COLUMNS, SEVERITY, STATUSES } from "./spec.gen.js";
+export { BROADCAST, GRAPH_SPEC_MARKER, HISTOGRAM_EDGES, MESSAGES, METRIC_PREFIX, NON_FINITE, ROW_COLUMNS, SEVERITY, STATUSES } from "./spec.gen.js";
 
 const NUMERIC = new Set(NUMERIC_COLUMNS);
 const EXACT = new Set(EXACT_ELEM_TYPES);
 const SHAPE = new RegExp(SHAPE_TYPE);
 
-export const isNumeric = (key) => NUMERIC.has(key);
+/** Whether `key` is a metric's column ("metric:cosine": shared_rules.METRIC_PREFIX + the name). */
+export const isMetric = (key) => typeof key === "string" && key.startsWith(METRIC_PREFIX);
+
+/** The metric's name of a metric column key (shown as text only: names come from users). */
+export const metricName = (key) => key.slice(METRIC_PREFIX.length);
+
+export const isNumeric = (key) => NUMERIC.has(key) || isMetric(key);
 
 /** A value of column `key` as sent in JSON, back to a number: NaN and infinities arrive as strings. */
-export const fromJson = (key, v) => (typeof v === "string" && NUMERIC.has(key) ? Number(v) : v);
+export const fromJson = (key, v) => (typeof v === "string" && isNumeric(key) ? Number(v) : v);
 
 /** Whether a side of `row` holds integers or bools (by its shape text "T7s2x3"). */
 export function isExact(row) {
@@ -23,16 +29,20 @@ export function isExact(row) {
   return false;
 }
 
-/** shared_rules.within: the engine's verdict at the run's tolerances, otherwise err_abs <= atol or
- *  err_rel <= rtol (integer pairs: err_abs == 0). null when nothing was compared. */
-export function isWithin(row, atol, rtol, runAtol, runRtol) {
+/** views/rows.py within (Tolerance.within_record): at the run's atol the engine's verdict; at another atol
+ *  the element-wise rule itself, min_atol <= atol (min_atol: the smallest atol every element passes at the
+ *  run's rtol; err_abs where a record has none); integer pairs exact, a NaN/Inf disagreement beyond. The
+ *  figures speak of the run's rtol only: `rtol` is not re-judged here (the widget reruns on an rtol
+ *  change; a saved view says it applies on a rerun). null when nothing was compared. */
+export function isWithin(row, atol, rtol, runAtol) { // (callers pass the run's rtol too, as to views/rows.py within)
   if (row.err_abs === null || row.err_abs === undefined) return null;
   if (NO_VERDICT.includes(row.status)) return null;
-  if (atol === runAtol && rtol === runRtol && row.within_tolerance !== null && row.within_tolerance !== undefined)
+  if (atol === runAtol && row.within_tolerance !== null && row.within_tolerance !== undefined)
     return Boolean(row.within_tolerance);
   if (row.err_nan || Number.isNaN(row.err_abs)) return false;
   if (isExact(row)) return row.err_abs === 0;
-  return row.err_abs <= atol || (row.err_rel !== null && row.err_rel !== undefined && row.err_rel <= rtol);
+  const least = row.min_atol === null || row.min_atol === undefined ? row.err_abs : row.min_atol;
+  return least <= atol;
 }
 
 /** shared_rules.worse: a node's paint {err, status} after one more record (largest error, NaN wins;

@@ -2,7 +2,8 @@
 // about 30 rows whatever the run's size. Sorting and filtering work on an index (js/rows.js).
 
 import { h, clear } from "./dom.js";
-import { fmtErr, fmtInt, visible } from "./format.js";
+import { fmtErr, fmtInt, fmtMetric, visible } from "./format.js";
+import { isMetric, metricName } from "./rules.js";
 import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
 
 const OVERSCAN = 6;
@@ -25,15 +26,28 @@ export const COLUMNS = [
   { key: "module", label: "module", width: "minmax(70px, 1fr)" },
 ];
 
+/** The column of a metric (key "metric:<name>"): numeric, sortable, its name shown as text only (it
+ *  comes from a user: textContent, hidden characters as escapes). */
+export function metricColumn(key) {
+  const name = visible(metricName(key));
+  return { key, label: name, width: "minmax(70px, 0.6fr)", num: true, metric: true,
+    title: `${name}: a metric asked for with metrics=, measured beside the verdict (it judges nothing)` };
+}
+
+/** The table's columns for the model's `columns`: the fixed ones, each metric's before "module". */
+export function tableColumns(keys = []) {
+  const metrics = keys.filter(isMetric).map(metricColumn);
+  if (!metrics.length) return COLUMNS;
+  const at = COLUMNS.findIndex((c) => c.key === "module");
+  return [...COLUMNS.slice(0, at), ...metrics, ...COLUMNS.slice(at)];
+}
+
 /** Width of the "#" column for `n` rows: 44px up to 999, then as wide as the largest index written
  *  (fmtInt: "12,345") in the monospace digits plus the cell's padding, so no index is cut. */
 export function indexWidth(n) {
   const chars = fmtInt(Math.max(0, n - 1)).length;
   return chars <= 3 ? "44px" : `calc(${chars}ch + 14px)`;
 }
-
-const INNER = COLUMNS.findIndex((c) => c.key === "_inner");
-const FX_NAME = COLUMNS.findIndex((c) => c.key === "ep_name");
 
 function cellText(col, row, child) {
   const v = row[col.key];
@@ -42,6 +56,7 @@ function cellText(col, row, child) {
     return visible(v.slice(row.inner_of.length + 2));
   }
   if (col.err) return fmtErr(v);
+  if (col.metric) return fmtMetric(v);
   if (col.key === "i") return fmtInt(v);
   return visible(v); // names come from models: bidi controls and NULs shown as escapes
 }
@@ -90,8 +105,12 @@ export function createTable(opts) {
     flatCols = flat;
     iWidth = width;
     el.classList.toggle("sbs-flat", flat);
-    el.style.setProperty("--sbs-cols", COLUMNS.filter((c) => !flat || c.key !== "_inner").map((c) => (c.key === "i" ? width : c.width)).join(" "));
+    el.style.setProperty("--sbs-cols", cols.filter((c) => !flat || c.key !== "_inner").map((c) => (c.key === "i" ? width : c.width)).join(" "));
   };
+
+  let cols = COLUMNS; // the fixed columns, and one per metric (setColumns)
+  let INNER = cols.findIndex((c) => c.key === "_inner");
+  let FX_NAME = cols.findIndex((c) => c.key === "ep_name");
   setFlat(true);
 
   let rows = [];
@@ -103,11 +122,15 @@ export function createTable(opts) {
   const pool = [];
 
   const cellClass = (col) => (col.num ? "sbs-num" : col.key === "_inner" ? "sbs-inside" : col.key === "ep_name" ? "sbs-fxname" : "");
-  for (const col of COLUMNS) {
-    const cell = h("div", { class: cellClass(col), title: col.title || col.key, text: col.label, "data-key": col.key });
-    if (col.key !== "_tick") cell.addEventListener("click", () => opts.onSort(col.key));
-    head.append(cell);
+  function buildHead() {
+    clear(head);
+    for (const col of cols) {
+      const cell = h("div", { class: cellClass(col), title: col.title || col.key, text: col.label, "data-key": col.key });
+      if (col.key !== "_tick") cell.addEventListener("click", () => opts.onSort(col.key));
+      head.append(cell);
+    }
   }
+  buildHead();
 
   function makeRow() {
     const tick = h("input", { type: "checkbox", tabindex: "-1", "aria-label": "reset" });
@@ -117,7 +140,7 @@ export function createTable(opts) {
     disclose._count = count;
     disclose._worst = worst;
     const op = h("span", { class: "sbs-inner-op" });
-    const cells = COLUMNS.map((col) => (col.key === "_tick" ? h("div", { class: "sbs-tick" }, tick)
+    const cells = cols.map((col) => (col.key === "_tick" ? h("div", { class: "sbs-tick" }, tick)
       : col.key === "_inner" ? h("div", { class: "sbs-inside" }, disclose, op) : h("div", { class: cellClass(col) })));
     const rowEl = h("div", { class: "sbs-row sbs-grid", role: "row" }, cells);
     rowEl._cells = cells;
@@ -140,9 +163,9 @@ export function createTable(opts) {
     rowEl.classList.toggle("sbs-focus", k === focus);
     rowEl.setAttribute("aria-selected", on ? "true" : "false");
     const child = paintInner(rowEl, k, row);
-    for (let c = 1; c < COLUMNS.length; c++) {
+    for (let c = 1; c < cols.length; c++) {
       if (c === INNER) continue;
-      const text = cellText(COLUMNS[c], row, child);
+      const text = cellText(cols[c], row, child);
       const cell = rowEl._cells[c];
       if (cell.textContent !== text) cell.textContent = text;
       const title = c === FX_NAME && child ? visible(row.ep_name) : text; // an inner row's full name
@@ -259,6 +282,21 @@ export function createTable(opts) {
       for (const p of parts) foot.append(h("span", { text: p }));
     },
     repaint: render,
+    /** The model's `columns` (record fields, then "metric:<name>" keys): a metric column each. */
+    setColumns(keys) {
+      const next = tableColumns(keys || []);
+      if (next.length === cols.length && next.every((c, k) => c.key === cols[k].key)) return;
+      cols = next;
+      INNER = cols.findIndex((c) => c.key === "_inner");
+      FX_NAME = cols.findIndex((c) => c.key === "ep_name");
+      buildHead();
+      for (const rowEl of pool) rowEl.remove(); // rows are rebuilt with the new cells
+      pool.length = 0;
+      const flat = flatCols;
+      flatCols = null;
+      setFlat(flat, iWidth);
+      render();
+    },
     /** Selected rows (record positions) and the focused one; `reveal` scrolls the focus into view. */
     setSelection(keys, k, reveal = false) {
       selected = new Set(keys);

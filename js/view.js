@@ -7,7 +7,7 @@
 import { h } from "./dom.js";
 import { CSS } from "./style.js";
 import { fmtInt, messageText, visible } from "./format.js";
-import { colorFor, MESSAGES, STATUSES } from "./rules.js";
+import { colorFor, isMetric, MESSAGES, metricName, STATUSES } from "./rules.js";
 import { Nesting, SortCache, filterIndex, isNumeric, isWithin, nestIndex } from "./rows.js";
 import { createRowSync } from "./sync.js";
 import { createTable, insideText, resetName } from "./table.js";
@@ -104,11 +104,22 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const beyond = h("input", { type: "checkbox", "aria-label": "only beyond tolerance" });
   const hideNoise = h("input", { type: "checkbox", "aria-label": "hide noise" });
   const statusSel = h("select", { "aria-label": "status" }, ["", ...STATUSES].map((s) => h("option", { value: s, text: s || "any status" })));
-  const colSel = h("select", { "aria-label": "error column" }, ["err_abs", "err_rel", "err_local", "err_dev", "min_atol"].map((s) => h("option", { value: s, text: s })));
+  const colSel = h("select", { "aria-label": "error column" });
+  // the range filter's columns: the errors, then each metric (its name as text: it comes from a user)
+  const updateColumns = () => {
+    const keys = model.get("columns") || [];
+    table.setColumns(keys);
+    const choices = ["err_abs", "err_rel", "err_local", "err_dev", "min_atol", ...keys.filter(isMetric)];
+    const current = colSel.value || filter.col;
+    colSel.replaceChildren(...choices.map((s) => h("option", { value: s, text: isMetric(s) ? visible(metricName(s)) : s, selected: s === current })));
+    if (!choices.includes(current)) filter = { ...filter, col: "err_abs" };
+  };
   const minIn = h("input", { type: "text", class: "sbs-range", placeholder: "min", "aria-label": "min error" });
   const maxIn = h("input", { type: "text", class: "sbs-range", placeholder: "max", "aria-label": "max error" });
   const atolIn = h("input", { type: "text", class: "sbs-tol", "aria-label": "atol" });
   const rtolIn = h("input", { type: "text", class: "sbs-tol", "aria-label": "rtol" });
+  // the rows' figures are measured at their run's rtol: another rtol is judged by a new run
+  const rtolNote = h("span", { class: "sbs-muted sbs-rtol-note", hidden: true });
   const runSel = h("select", { "aria-label": "run" });
   const copyBtn = h("button", { text: "Copy CSV", title: "copy the rows shown (filtered, sorted) as CSV" });
   const dlBtn = h("button", { text: "Download CSV" });
@@ -153,8 +164,9 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
       statusSel,
       h("label", {}, colSel, minIn, "–", maxIn),
       h("span", { class: "sbs-spacer-flex" }),
-      h("label", { title: "re-judges without rerunning; the next run uses them" }, "atol", atolIn),
-      h("label", {}, "rtol", rtolIn)),
+      h("label", { title: "re-judges the rows without rerunning (element-wise: a pair is within when its min atol is); the next run uses it" }, "atol", atolIn),
+      h("label", { title: live ? "reruns the comparison: the rows' figures are measured at their run's rtol" : "applies on a rerun: the rows' figures are measured at their run's rtol" }, "rtol", rtolIn),
+      rtolNote),
     compareEl,
     culprits.el,
     h("div", { class: "sbs-main" }, table.el, detail),
@@ -301,9 +313,17 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   function onTolerance() {
     atolIn.value = String(model.get("atol"));
     rtolIn.value = String(model.get("rtol"));
+    updateRtolNote();
     if (filter.beyond) refresh();
     else { table.repaint(); for (const cb of rowListeners) cb(); }
     if (focus >= 0) showDetail();
+  }
+
+  function updateRtolNote() {
+    const { rtol, runRtol } = tolerances();
+    const other = runRtol !== undefined && runRtol !== null && rtol !== runRtol;
+    rtolNote.hidden = !other;
+    rtolNote.textContent = other ? `rows judged at this run's rtol ${runRtol}; rtol ${rtol} applies on a rerun` : "";
   }
 
   runSel.addEventListener("change", () => showRun(Number(runSel.value)));
@@ -317,6 +337,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     renderDetail(detail, null, {});
     request(id);
     refresh();
+    updateRtolNote();
   }
   function updateRuns() {
     const ids = new Set(meta().map((m) => m.id));
@@ -382,15 +403,17 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     rerunBtn.disabled = running();
     reset.update(running());
     updateDeployed();
+    updateRtolNote();
   }
 
   on("change:progress", () => { updateStatus(); request(progress().run); });
   on("change:status", updateStatus);
   on("change:message", updateStatus);
   on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });
-  on("change:runs_meta", () => { updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
+  on("change:runs_meta", () => { updateRtolNote(); updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
   on("change:compare", () => renderCompare(compareEl, model.get("compare"), meta()));
   on("change:reset_names", () => { reset.update(running()); table.repaint(); });
+  on("change:columns", () => { updateColumns(); refresh(); });
   on("change:atol", onTolerance);
   on("change:rtol", onTolerance);
   on("change:culprits", () => culprits.update(model.get("culprits")));
@@ -424,6 +447,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   });
 
   setTitle();
+  updateColumns();
   atolIn.value = String(model.get("atol"));
   rtolIn.value = String(model.get("rtol"));
   table.setSelection(selection, focus, false);

@@ -7,6 +7,7 @@ renaming columns; ``err_local``, ``status``, ``module`` and a few others are our
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -185,14 +186,43 @@ def with_fields(template: tuple, **changes) -> tuple:
     return tuple(fields)
 
 
+TABLE_FIELDS = tuple(name for name in RECORD_FIELDS if name != "metrics")
+"""The fields of a record as table columns: ``metrics`` (a dict) becomes one column per metric."""
+
+
+def metric_names(records: Iterable) -> list[str]:
+    """The names of the metrics ``records`` carry (``Record.metrics``), in the order they first appear."""
+    names: dict[str, None] = {}
+    for r in records:
+        m = r.metrics if isinstance(r, Record) else (r.get("metrics") if isinstance(r, dict) else None)
+        if m:
+            names.update(dict.fromkeys(m))
+    return list(names)
+
+
 def to_dataframe(records: Iterable[Record]):
-    """One row per record, columns in ``Record`` field order.
+    """One row per record, columns in ``Record`` field order, then one column per metric asked for
+    (``metrics=``: ``cosine``, ``sqnr_db``... named as given, float, NaN where a record has none, e.g.
+    one-sided pairs). The ``metrics`` dict itself is not a column: its figures are.
 
     >>> import sbs_widget
     >>> sbs_widget.to_dataframe([sbs_widget.Record(ep_name="x", err_abs=0.0)]).shape[0]
     1
+    >>> list(sbs_widget.to_dataframe([sbs_widget.Record(metrics={"cosine": 1.0})]).columns)[-2:]
+    ['inner_op', 'cosine']
     """
     import pandas
 
-    rows = [r.to_dict() if isinstance(r, Record) else dict(r) for r in records]
-    return pandas.DataFrame(rows, columns=list(RECORD_FIELDS))
+    records = list(records)
+    names = metric_names(records)
+    rows = []
+    for r in records:
+        d = r.to_dict() if isinstance(r, Record) else dict(r)
+        figures = d.pop("metrics", None) or {}
+        for name in names:
+            d[name] = figures.get(name, math.nan)
+        rows.append(d)
+    df = pandas.DataFrame(rows, columns=list(TABLE_FIELDS) + names)
+    for name in names:  # float even where every value is NaN or a figure came as an int
+        df[name] = pandas.to_numeric(df[name], errors="coerce").astype("float64")
+    return df

@@ -30,9 +30,9 @@ from sbs_widget.records import (
     NOISE,
     OK,
     ONE_SIDED,
-    RECORD_FIELDS,
     RESET,
     STATUSES,
+    TABLE_FIELDS,
     Record,
 )
 
@@ -44,13 +44,19 @@ NO_VERDICT = (ONE_SIDED, ERROR)
 
 EXACT_ELEM_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13, 21, 22)
 """ONNX element types compared exactly (uint8/int8/uint16/int16/int32/int64/bool/uint32/uint64/uint4/
-int4): like ``engine.metrics.exact``, a float tolerance means nothing for ids, indices or masks."""
+int4): a float tolerance means nothing for ids, indices or masks. The one list: ``engine.tolerance``'s
+``Tolerance`` reads it from here (this module is below the engine in the flow, and the view reads it too)."""
 
 SHAPE_TYPE = r"^T(\d+)s"
 """Leading element type of ``ep_shape_type``/``onnx_shape_type`` texts such as ``T7s2x3``."""
 
-ROW_COLUMNS = RECORD_FIELDS
-"""Order of the values in each encoded row (the row index is implicit: ``start`` + position)."""
+ROW_COLUMNS = TABLE_FIELDS
+"""Order of the values in each encoded row (the row index is implicit: ``start`` + position): the record's
+fields but ``metrics``, whose figures follow as one value per metric name (``metric_columns``)."""
+
+METRIC_PREFIX = "metric:"
+"""The view's key of a metric's column (``metric:cosine``): metric names come from users, the prefix keeps
+them apart from the record's fields and from the view's own row keys (``i``, ``_search``, ``__proto__``)."""
 
 NUMERIC_COLUMNS = ("i",) + tuple(
     f.name for f in dataclasses.fields(Record) if str(f.type).startswith(("int", "float")))
@@ -99,6 +105,7 @@ SPEC = {
     "SHAPE_TYPE": SHAPE_TYPE,
     "ROW_COLUMNS": ROW_COLUMNS,
     "NUMERIC_COLUMNS": NUMERIC_COLUMNS,
+    "METRIC_PREFIX": METRIC_PREFIX,
     "NON_FINITE": NON_FINITE,
     "BROADCAST": BROADCAST,
     "GRAPH_SPEC_MARKER": GRAPH_SPEC_MARKER,
@@ -121,7 +128,7 @@ def json_value(value):
 
 
 def is_exact(record) -> bool:
-    """Whether a side of ``record`` holds integers or bools (by its shape text)."""
+    """Whether a side of ``record`` holds integers or bools (by its shape text, ``T7s2x16``)."""
     for text in (record.ep_shape_type, record.onnx_shape_type):
         m = _SHAPE_TYPE.match(text) if text else None
         if m and int(m.group(1)) in EXACT_ELEM_TYPES:
@@ -129,22 +136,9 @@ def is_exact(record) -> bool:
     return False
 
 
-def within(record, atol: float, rtol: float, run_atol: float, run_rtol: float) -> bool | None:
-    """Whether ``record`` is within (atol, rtol); ``None`` when nothing was compared.
-
-    With the run's own tolerances this is the engine's element-wise verdict. With others only the maxima
-    are known, so ``err_abs <= atol or err_rel <= rtol`` stands in for it; integer and bool pairs are
-    exact at any tolerance (``err_abs == 0``). Same rule as js/rules.js ``isWithin``.
-    """
-    if record.err_abs is None or record.status in NO_VERDICT:
-        return None
-    if atol == run_atol and rtol == run_rtol and record.within_tolerance is not None:
-        return bool(record.within_tolerance)
-    if record.err_nan or math.isnan(record.err_abs):
-        return False
-    if is_exact(record):
-        return record.err_abs == 0
-    return record.err_abs <= atol or (record.err_rel is not None and record.err_rel <= rtol)
+def metric_columns(names) -> list[str]:
+    """The view's column keys of the metrics ``names`` (``METRIC_PREFIX`` + name), in order."""
+    return [METRIC_PREFIX + name for name in names]
 
 
 def worse(paint: tuple | None, err: float | None, status: str) -> tuple:

@@ -19,7 +19,7 @@ from sbs_widget.graphs.dot import _digraph, _paint
 from sbs_widget.graphs.spec import GraphSpec
 from sbs_widget.records import ERROR, MISMATCH, NOISE, OK, ONE_SIDED, RESET, STATUSES, Record
 from sbs_widget.views import shared_rules as rules
-from sbs_widget.views.rows import encode_rows
+from sbs_widget.views.rows import encode_rows, within
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NAN, INF = math.nan, math.inf
@@ -127,8 +127,10 @@ def test_spec_gen_is_current():
 
 def test_python_and_js_rules_agree():
     records = _records()
+    # (2.95e-4: between n9's min_atol and its err_abs, the element-wise rule says within; 0.9 rtol: not
+    # re-judged from the figures, the run's verdict stands)
     tolerances = [(1e-4, 1e-4, 1e-4, 1e-4), (1e-2, 1e-4, 1e-4, 1e-4), (1e-5, 0.9, 1e-4, 1e-4), (0.0, 0.0, 1e-4, 1e-4),
-                  (3.0, 3.0, 1e-4, 1e-4)]
+                  (3.0, 3.0, 1e-4, 1e-4), (2.95e-4, 1e-4, 1e-4, 1e-4), (1e-4, 0.9, 1e-4, 1e-4)]
     errors = [None, 0.0, 1e-30, 1e-7, 1e-5, 1e-4, 3.1622776601683795e-4, 1e-3, 0.37, 1.0, 7.0, "NaN", "Infinity"]
     spec = _spec()
     js = _run_js(encode_rows(records).decode(), tolerances, errors, spec.to_json())
@@ -138,7 +140,7 @@ def test_python_and_js_rules_agree():
     assert js["values"] == [{k: _num(getattr(r, k)) for k in VALUES} for r in records]
     assert js["exact"] == [rules.is_exact(r) for r in records]
     for t, answers in zip(tolerances, js["within"]):
-        assert answers == [rules.within(r, *t) for r in records], t
+        assert answers == [within(r, *t) for r in records], t
     assert js["color"] == [rules.color_for(r.err_abs, r.status) for r in records]
     noise_colors = {c for c, r in zip(js["color"], records) if r.status == NOISE}
     assert noise_colors == {rules.COLOR_SCALE["noise"]}, "noise is painted noise, whatever its error"
@@ -166,8 +168,12 @@ def test_python_and_js_rules_agree():
 
 def test_rules_on_their_own():
     r = Record(status=MISMATCH, err_abs=1.0, err_rel=0.0, ep_shape_type="T7s3", onnx_shape_type="T7s3")
-    assert rules.within(r, 10.0, 10.0, 1e-4, 1e-4) is False  # integers: exact at any tolerance
-    assert rules.within(Record(status=ONE_SIDED, err_abs=1.0), 1, 1, 1, 1) is None
+    assert within(r, 10.0, 10.0, 1e-4, 1e-4) is False  # integers: exact at any tolerance
+    assert within(Record(status=ONE_SIDED, err_abs=1.0), 1, 1, 1, 1) is None
+    # another atol: the element-wise rule (min_atol <= atol), not err_abs <= atol or err_rel <= rtol
+    noise = Record(status=NOISE, err_abs=3e-4, err_rel=2e-3, within_tolerance=False, min_atol=2.9e-4)
+    assert within(noise, 2.95e-4, 1e-4, 1e-4, 1e-4) is True and within(noise, 2.8e-4, 1e-4, 1e-4, 1e-4) is False
+    assert within(noise, 1e-4, 0.5, 1e-4, 1e-4) is False  # an rtol change is judged by a rerun, not here
     assert rules.error_color(NAN) == rules.error_color(INF) == rules.error_color(1.0)  # NaN is the worst
     assert rules.error_color(None) == rules.COLOR_SCALE["not_compared"]
     assert rules.worse((1.0, OK), NAN, ONE_SIDED) == (pytest.approx(NAN, nan_ok=True), OK)

@@ -12,7 +12,15 @@ import os
 import sys
 import time
 
-from sbs_widget.cli.options import add_model_files, add_runtime, add_time_limit, add_tolerance, report_exit_codes
+from sbs_widget.cli.options import (
+    add_metrics,
+    add_model_files,
+    add_runtime,
+    add_time_limit,
+    add_tolerance,
+    metrics_of,
+    report_exit_codes,
+)
 from sbs_widget.engine.cancel import INTERRUPTED, Cancel, ctrl_c
 from sbs_widget.errors import InputError, RunCancelled
 
@@ -46,6 +54,7 @@ def _common(p) -> None:
     p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
                    help="FX or ONNX names whose torch value replaces the ONNX one downstream")
     p.add_argument("--node-local", action="store_true", help="also run each ONNX node on torch inputs (err_local)")
+    add_metrics(p)
     add_runtime(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_time_limit(p)
@@ -100,6 +109,8 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
                 bar.refresh()
 
     records = []
+    metrics = metrics_of(args)
+    extra = {} if metrics is None else {"metrics": metrics}
     defaults = (args.atol is None, args.rtol is None)
     args.atol, args.rtol = prepared.tolerance(args.atol, args.rtol)
     # Ctrl-C and --time-limit fire the token: a runtime call in flight is terminated, the run ends
@@ -109,7 +120,7 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
             try:
                 for rec in prepared.run(inputs, kwargs, runtime=args.runtime, atol=args.atol, rtol=args.rtol,
                                         reset_names=args.reset, node_local=args.node_local, progress=progress,
-                                        cancel=token):
+                                        cancel=token, **extra):
                     records.append(rec)
             except RunCancelled as e:
                 ended = e
@@ -129,11 +140,47 @@ def _run_and_report(prepared, inputs, kwargs, args) -> int:
     for line in summarize(records, prepared).lines():
         print(visible(line))
     print(describe_tolerance(args.atol, args.rtol, prepared.precision, defaults))
+    if metrics:
+        for line in metrics_table(records, metrics):
+            print(line)
     if getattr(args, "culprits", 0):
         _print_culprits(records, prepared, args)
     if ended is not None:  # out of time: the summary above covers what was compared
         raise ended
     return 0
+
+
+def metrics_table(records, names, limit: int = 20) -> list[str]:
+    """The lines of the outputs' table: one row per output pair (the first ``limit``), one column per
+    metric; the figures of every pair are in the -o file. Names as ``visible`` text.
+
+    >>> from sbs_widget.records import Record
+    >>> print("\\n".join(metrics_table([Record(ep_name="out", kind="output", metrics={"cosine": 1.0})], ["cosine"])))
+    metrics of the outputs (every pair's: -o):
+    output  cosine
+    out     1
+    """
+    from sbs_widget.records import KIND_OUTPUT
+    from sbs_widget.safe_text import clipped, visible
+
+    outputs = [r for r in records if r.kind == KIND_OUTPUT and r.metrics]
+    if not outputs:
+        return ["metrics: no output pair was compared (every pair's figures: -o)"]
+    head = ["output"] + [visible(clipped(n, 40)) for n in names]
+    rows = [[visible(clipped(r.ep_name or r.onnx_name or "?", 60))]
+            + [_figure((r.metrics or {}).get(n)) for n in names] for r in outputs[:limit]]
+    widths = [max(len(row[k]) for row in [head] + rows) for k in range(len(head))]
+    lines = ["metrics of the outputs (every pair's: -o):"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head] + rows]
+    if len(outputs) > limit:
+        lines.append(f"... {len(outputs) - limit} more outputs (-o)")
+    return lines
+
+
+def _figure(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}"
 
 
 def exit_now(code: int) -> None:

@@ -64,6 +64,41 @@ def cli_tolerance(text: str) -> float:
     return check(text)
 
 
+def cli_metrics(text: str) -> list[str]:
+    """argparse ``type=`` of ``--metrics``: names separated by commas (``cosine,sqnr_db``), each checked
+    (``engine.user_metrics``, imported when the option is given): an unknown one stops the command before
+    any work, with the names there are."""
+    from sbs_widget.engine.user_metrics import resolve_metrics
+    from sbs_widget.errors import InputError
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no metric: pass e.g. --metrics cosine,sqnr_db")
+    try:
+        resolve_metrics(names)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
+METRICS_HELP = ("figures measured beside the verdict on every compared pair, comma-separated or repeated: max_abs, "
+                "max_rel, cosine, sqnr_db, nmse, top<k> (top1, top5: logits); a column each in -o and in the "
+                "outputs' table printed")
+
+
+def add_metrics(p: argparse.ArgumentParser) -> None:
+    """``--metrics cosine,sqnr_db`` (or repeated): the names, flattened, in ``args.metrics`` (None: none)."""
+    p.add_argument("--metrics", type=cli_metrics, action="append", default=None, metavar="NAMES", help=METRICS_HELP)
+
+
+def metrics_of(args) -> list[str] | None:
+    """The metric names ``--metrics`` gave (flattened, first occurrence kept), None without the option."""
+    given = getattr(args, "metrics", None)
+    if not given:
+        return None
+    return list(dict.fromkeys(name for names in given for name in names))
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """argparse's "(default: ...)" after each help, but only where there is a default to tell: none after
     an option without one (None), a flag (False) or a help that already says its default."""

@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 
 import torch
 
 from sbs_widget.errors import InputError
+from sbs_widget.shared_rules import EXACT_ELEM_TYPES, is_exact  # noqa: F401 (re-exported: see below)
 
 DEFAULT_ATOL = 1e-4  # float32 and float64 programs
 DEFAULT_RTOL = 1e-4
@@ -71,17 +71,9 @@ def resolve(atol: float | None, rtol: float | None, dtype: torch.dtype | None) -
 
 
 # ONNX element types compared exactly (integers and bools): a difference of 1 is a wrong answer.
-EXACT_ELEM_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13, 21, 22)
-_ELEM_TYPE = re.compile(r"^T(\d+)s")
-
-
-def is_exact(record) -> bool:
-    """Whether a side of ``record`` holds integers or bools (by its shape text, ``T7s2x16``)."""
-    for text in (record.ep_shape_type, record.onnx_shape_type):
-        m = _ELEM_TYPE.match(text) if text else None
-        if m and int(m.group(1)) in EXACT_ELEM_TYPES:
-            return True
-    return False
+# ``EXACT_ELEM_TYPES`` and ``is_exact`` (by a record's shape text) live in ``shared_rules``, below the engine
+# in the flow, which also hands them to the view's JS (js/rules.js): one list for the engine, the Python
+# views and the browser; imported above and re-exported here.
 
 
 # The culprit finder traces errors back through the graph; an error below this share of atol is float

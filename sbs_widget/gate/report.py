@@ -210,8 +210,25 @@ def record_from_dict(d: dict) -> Record:
     kept = {k: v for k, v in d.items() if k in RECORD_FIELDS}
     if isinstance(kept.get("histogram"), list):
         kept["histogram"] = tuple(kept["histogram"])
+    metrics = kept.pop("metrics", None)
     _check_scalars(kept, "record")
-    return Record(**kept)
+    return Record(**kept, metrics=_metrics_from_json(metrics))
+
+
+def _metrics_from_json(value) -> dict[str, float] | None:
+    """``Record.metrics`` from its JSON form: an object of numbers (NaN and infinities as their strings),
+    or null; anything else raises ``TypeError`` (a file may come from anyone)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"record field 'metrics' holds {type(value).__name__}, not an object of numbers")
+    out = {}
+    for name, v in value.items():
+        v = _decode_number(v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"metric {name!r} holds {type(v).__name__}, not a number")
+        out[str(name)] = float(v)
+    return out
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -63,9 +63,12 @@ def _script_json(value) -> str:
 def report_data(runs, state: dict) -> dict:
     """``{"state", "runs"}``: what the page's static model serves (every run, its rows as arrays)."""
     from sbs_widget.views.rows import encode_rows
+    from sbs_widget.views.view_state import runs_metrics
 
     data_state = {k: state[k] for k in _STATE_KEYS}
-    return {"state": data_state, "runs": {str(run.id): json.loads(encode_rows(run.records)) for run in runs}}
+    metrics = runs_metrics(runs)  # the columns of the state: each metric's figure after the record's fields
+    return {"state": data_state,
+            "runs": {str(run.id): json.loads(encode_rows(run.records, metrics)) for run in runs}}
 
 
 def write_html_report(records, path, *, title: str = "sbs_widget report", atol: float | None = None,

@@ -11,24 +11,66 @@ import json
 import math
 from typing import Iterable, Sequence
 
+from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.records import RESET, Record
-from sbs_widget.shared_rules import ROW_COLUMNS, json_value, within
+from sbs_widget.shared_rules import NO_VERDICT, ROW_COLUMNS, json_value, metric_columns
 
-# The rules the view applies too live in shared_rules (re-exported here for the modules that use them).
+# The rules the view applies too live in shared_rules (re-exported here for the modules that use them);
+# ``within`` is the engine's Tolerance rule (shared_rules is below the engine in the flow).
 
-__all__ = ["ROW_COLUMNS", "compare_runs", "decode_rows", "encode_rows", "error_key", "json_value", "record_key",
-           "within", "worst"]
+__all__ = ["ROW_COLUMNS", "columns_of", "compare_runs", "decode_rows", "encode_rows", "error_key", "json_value",
+           "record_key", "run_metrics", "within", "worst"]
 
 
-def encode_rows(records: Sequence[Record]) -> bytes:
-    """UTF-8 JSON of ``[[v, ...], ...]``, one array per record in ``ROW_COLUMNS`` order."""
-    rows = [[json_value(getattr(r, name)) for name in ROW_COLUMNS] for r in records]
+def columns_of(metrics: Sequence[str] = ()) -> list[str]:
+    """The view's columns of a run measuring ``metrics``: ``ROW_COLUMNS``, then one ``metric:<name>`` per
+    metric (``shared_rules.METRIC_PREFIX``): the widget's ``columns`` trait, the order ``encode_rows`` writes."""
+    return list(ROW_COLUMNS) + metric_columns(metrics)
+
+
+def run_metrics(metrics) -> tuple[object, list[str]]:
+    """``metrics=`` of a widget checked (``engine.user_metrics.resolve_metrics``: ``InputError`` for a bad
+    one): ``(what to pass to the run, None when no metric, their names)``."""
+    from sbs_widget.engine.user_metrics import resolve_metrics
+
+    names = [f.name for f in resolve_metrics(metrics)]
+    return (metrics if names else None), names
+
+
+def encode_rows(records: Sequence[Record], metrics: Sequence[str] = ()) -> bytes:
+    """UTF-8 JSON of ``[[v, ...], ...]``, one array per record in ``columns_of(metrics)`` order: its
+    ``ROW_COLUMNS`` values, then the figure of each metric (null where the record has none)."""
+    rows = []
+    for r in records:
+        row = [json_value(getattr(r, name)) for name in ROW_COLUMNS]
+        if metrics:
+            figures = r.metrics or {}
+            row += [json_value(figures.get(name)) for name in metrics]
+        rows.append(row)
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def decode_rows(payload: bytes) -> list[dict]:
-    """Inverse of ``encode_rows`` as dicts (tests and reports)."""
-    return [dict(zip(ROW_COLUMNS, row)) for row in json.loads(payload.decode("utf-8"))]
+def decode_rows(payload: bytes, metrics: Sequence[str] = ()) -> list[dict]:
+    """Inverse of ``encode_rows`` as dicts keyed by ``columns_of(metrics)`` (tests and reports)."""
+    columns = columns_of(metrics)
+    return [dict(zip(columns, row)) for row in json.loads(payload.decode("utf-8"))]
+
+
+def within(record, atol: float, rtol: float, run_atol: float, run_rtol: float) -> bool | None:
+    """Whether ``record`` is within tolerance when the view's atol is ``atol``; ``None`` when nothing was
+    compared. The rule is the engine's, ``Tolerance.within_record``: at the run's atol the record's own
+    verdict; at another the element-wise rule itself, ``min_atol <= atol`` (``min_atol``: the smallest atol
+    every element passes at the run's rtol); integer and bool pairs exact, a NaN/Inf disagreement beyond
+    any tolerance.
+
+    ``rtol``: the view's. The figures are measured at the run's rtol and cannot tell the element-wise
+    verdict at another, so a record is judged at ``run_rtol`` whatever ``rtol`` says: the widget reruns
+    the comparison when its rtol changes (a view of saved records says the rtol applies on a rerun). Same
+    rule as js/rules.js ``isWithin`` (tests/test_shared_rules.py feeds both the same records).
+    """
+    if record.err_abs is None or record.status in NO_VERDICT:
+        return None
+    return Tolerance(run_atol, run_rtol).within_record(record, atol)
 
 
 def error_key(err: float | None) -> float:

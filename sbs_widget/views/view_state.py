@@ -6,7 +6,8 @@ from __future__ import annotations
 import warnings
 
 from sbs_widget.errors import SbsWidgetWarning
-from sbs_widget.views.rows import ROW_COLUMNS, compare_runs
+from sbs_widget.records import metric_names
+from sbs_widget.views.rows import columns_of, compare_runs
 from sbs_widget.views.runs import DONE, RUNNING, Run
 
 
@@ -73,6 +74,11 @@ def finished_run(records, *, atol: float, rtol: float, reset_names=()) -> Run:
     return run
 
 
+def runs_metrics(runs: list[Run]) -> list[str]:
+    """The metric names the records of ``runs`` carry, in the order they first appear (their columns)."""
+    return metric_names(r for run in runs for r in run.records)
+
+
 def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_names=(), fx_dot: str = "",
                onnx_dot: str = "", prepared=None, message: str = "", deployed: dict | None = None,
                culprits: list[dict] | None = None) -> dict:
@@ -86,6 +92,6 @@ def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_n
         "title": title, "status": last.status, "message": message or last.error,
         "progress": progress_state(last, prepared, len(last.records)), "run_id": last.id,
         "runs_meta": [r.summary() for r in runs], "compare": compare_state(runs, atol, rtol),
-        "columns": list(ROW_COLUMNS), "atol": atol, "rtol": rtol, "reset_names": sorted(reset_names),
+        "columns": columns_of(runs_metrics(runs)), "atol": atol, "rtol": rtol, "reset_names": sorted(reset_names),
         "fx_dot": fx_dot, "onnx_dot": onnx_dot, "deployed": dict(deployed or {}), "culprits": list(culprits),
     }

@@ -19,9 +19,9 @@ import traitlets
 from sbs_widget.engine.cancel import check_time_limit
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
 from sbs_widget.errors import SbsError, SbsWidgetWarning
-from sbs_widget.records import to_dataframe
+from sbs_widget.records import metric_names, to_dataframe
 from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
-from sbs_widget.views.rows import ROW_COLUMNS, encode_rows
+from sbs_widget.views.rows import ROW_COLUMNS, columns_of, encode_rows, run_metrics
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
 from sbs_widget.views.shared_rules import MESSAGES
 from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
@@ -47,6 +47,10 @@ class SbsWidget(anywidget.AnyWidget):
     float32, 1e-3 for float16), set on the widget once the first run has prepared the program.
     ``time_limit``: seconds each run may take; past it the run ends with status "error" and a message
     naming the node it was at (the records so far are kept).
+    ``metrics``: figures measured beside the verdict on every pair (``"cosine"``, ``"sqnr_db"``, ``"top5"``,
+    callables, a dict name -> either: ``engine/user_metrics.py``), each a sortable column of the table, the
+    DataFrame and the CSV; a bad one raises ``InputError``. An ``atol`` edit re-judges the rows element-wise
+    (``min_atol``); an ``rtol`` edit reruns the comparison: a run's figures are measured at its own rtol.
 
     Example (in a notebook; ``w.wait()`` blocks until the run ends)::
 
@@ -88,14 +92,15 @@ class SbsWidget(anywidget.AnyWidget):
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
                  title: str = "", time_limit: float | None = None, deployed: bool | dict = False,
-                 **widget_kwargs):
+                 metrics=None, **widget_kwargs):
         # None: the default for the precision the program computes in, known once it is prepared
         checked(atol, rtol)  # InputError for a bad one (a str or bool too, which the traits would coerce)
+        self._metrics, self._metric_names = run_metrics(metrics)  # InputError for a bad one, before any work
         self._default_tolerance = (atol is None, rtol is None)
         self.time_limit = check_time_limit(time_limit)
         self._deployed_pending = setting_of(deployed)  # checked once the first run starts
         super().__init__(atol=DEFAULT_ATOL if atol is None else atol, rtol=DEFAULT_RTOL if rtol is None else rtol,
-                         title=title, **widget_kwargs)
+                         title=title, columns=columns_of(self._metric_names), **widget_kwargs)
         self._ep, self._onx = ep, onx
         self._args = inputs if inputs is not None else ()
         self._kwargs = kwargs
@@ -123,6 +128,8 @@ class SbsWidget(anywidget.AnyWidget):
         """A view of records computed elsewhere (a saved run, the CLI); Rerun is not available."""
         w = cls(autostart=False, atol=atol, rtol=rtol, title=title)
         run = finished_run(records, atol=atol, rtol=rtol, reset_names=reset_names)
+        w._metric_names = metric_names(run.records)  # the metrics the records carry: columns of the table
+        w.columns = columns_of(w._metric_names)
         w._runs.append(run)
         w.run_id = run.id
         w._publish(run, final=True)
@@ -364,7 +371,7 @@ class SbsWidget(anywidget.AnyWidget):
         extra = {} if self._runtime is None else {"runtime": self._runtime}
         return prepared.run(self._args, self._kwargs, atol=run.atol, rtol=run.rtol,
                             reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
-                            progress=progress, cancel=cancel, **extra)
+                            progress=progress, cancel=cancel, metrics=self._metrics, **extra)
 
     def _publish(self, run: Run, final: bool) -> None:
         """Push new rows, then the progress that counts them (so a view never asks for rows in flight)."""
@@ -373,7 +380,7 @@ class SbsWidget(anywidget.AnyWidget):
             n = len(run.records)
             if n > start:
                 self.send({"type": MESSAGES["rows"], "run": run.id, "start": start},
-                          [encode_rows(run.records[start:n])])
+                          [encode_rows(run.records[start:n], self._metric_names)])
                 self._sent[run.id] = n
             current = bool(self._runs) and run is self._runs[-1]
             if current:
@@ -398,7 +405,12 @@ class SbsWidget(anywidget.AnyWidget):
 
     @traitlets.observe("atol", "rtol")
     def _tolerance_changed(self, change) -> None:
-        if getattr(self, "_runs", None) and self._runs[-1].finished:  # not during __init__
+        runs = getattr(self, "_runs", None)  # (none during __init__: the first run takes them)
+        if runs and change["name"] == "rtol" and change["new"] != runs[-1].rtol and \
+                (self._ep is not None or self._to_export is not None):  # (not a view of saved records)
+            self._default_tolerance = (self._default_tolerance[0], False)  # a run's figures are at its rtol
+            self.rerun()
+        elif runs and runs[-1].finished:
             self._update_compare()
 
     def _update_culprits(self, run: Run) -> None:
@@ -435,4 +447,4 @@ class SbsWidget(anywidget.AnyWidget):
         records = self._runs[run_id].records
         stop = min(len(records), start + limit)
         self.send({"type": MESSAGES["rows"], "run": run_id, "start": start, "reply": True},
-                  [encode_rows(records[start:stop])])
+                  [encode_rows(records[start:stop], self._metric_names)])
