@@ -37,7 +37,7 @@ export function fmtSeconds(s) {
 // Characters that hide, reorder or break text: C0/C1 controls, bidi embeddings/overrides/isolates and
 // marks, zero-width and other format characters, line/paragraph separators, lone surrogates, tag
 // characters. Model names are untrusted: "gelu\u202eTMATMUL" would otherwise display as another name.
-// The set is HIDDEN_RANGES of sbs_widget/views/shared_rules.py (safe_text.HIDDEN in Python).
+// The set is HIDDEN_RANGES of sbs_widget/shared_rules.py (safe_text.HIDDEN in Python).
 const cp = (n) => `\\u{${n.toString(16)}}`;
 const HIDDEN = new RegExp(`[${HIDDEN_RANGES.map(([a, b]) => `${cp(a)}-${cp(b)}`).join("")}]`, "gu");
 

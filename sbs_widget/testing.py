@@ -19,13 +19,16 @@ import math
 import os
 import shlex
 import warnings
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from sbs_widget import records as R
 from sbs_widget.gate.verdict import CANNOT_JUDGE, MISMATCH, NOISE, Verdict, check_fail_on, headline, judge
 from sbs_widget.safe_text import clipped, visible
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 __all__ = ["AlignmentError", "assert_aligned"]
 
@@ -148,7 +151,7 @@ def _programs(model_or_ep, onx, args, kwargs, export_options):
                           stage=0) from e
 
 
-def _culprits(records, prepared, args, kwargs, atol, rtol, top, refine):
+def _culprits(records, prepared: Prepared, args, kwargs, atol, rtol, top, refine):
     from sbs_widget.blame.culprits import Culprits, find_culprits
     from sbs_widget.blame.finer import refine_culprits
 

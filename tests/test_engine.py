@@ -833,7 +833,7 @@ def test_a_parameter_transposed_in_the_program_and_folded_by_the_optimizer():
     x = torch.randn(3, 48)
     ep, prog = export_module(Projection(), (x,), optimize=True)
     p = prepare(ep, prog.model_proto)
-    assert p.fx_folded == {"permute"} and p.weights().shared == 1
+    assert p.schedule.fx_folded == {"permute"} and p.weights().shared == 1
     records = list(p.run((x,), {}))
     folded = next(r for r in records if r.ep_name == "permute")
     assert folded.status == "ok" and folded.err_abs == 0 and "constant-folded" in folded.comment

@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 
+from sbs_widget import shared_rules as rules
 from sbs_widget.graphs.dot import _digraph, _paint
 from sbs_widget.graphs.spec import GraphSpec
 from sbs_widget.records import ERROR, MISMATCH, NOISE, OK, ONE_SIDED, RESET, STATUSES, Record
-from sbs_widget.views import shared_rules as rules
 from sbs_widget.views.rows import encode_rows, within
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

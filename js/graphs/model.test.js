@@ -163,7 +163,7 @@ test("DOT quoting keeps hostile names inert", () => {
   assert.match(buildView(evil, { colorFor }).dot, /label="\\"\];x->y;z\["/);
 });
 
-test("color scale matches sbs_widget.views.shared_rules.error_color", () => {
+test("color scale matches sbs_widget.shared_rules.error_color", () => {
   assert.equal(errorColor(0), "#1a98508c");
   assert.equal(errorColor(1e-4), "#ddd6838c");
   assert.equal(errorColor(1), "#d730278c");

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import onnx
 
@@ -32,6 +32,9 @@ from sbs_widget.blame.inside import computing_producer
 from sbs_widget.engine.tolerance import resolve
 from sbs_widget.errors import NothingJudgedWarning
 from sbs_widget.records import Record, nothing_judged
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 DEFAULT_TOP = 10
 
@@ -82,7 +85,7 @@ def _local_share(rec: Record, atol: float) -> float:
 class _Context:
     """What the prepared pair adds to the records: groups, anchors, consumers, types."""
 
-    def __init__(self, records: Sequence[Record], prepared):
+    def __init__(self, records: Sequence[Record], prepared: Prepared):
         self.p = prepared
         self.by_onnx: dict[str, Record] = {}
         self._traced: dict[int, int | None] = {}
@@ -225,7 +228,7 @@ class _Context:
         return self.p.index.nodes[readers[0]] if readers else None
 
 
-def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared=None,
+def find_culprits(records: Iterable[Record], *, top: int = DEFAULT_TOP, prepared: Prepared | None = None,
                   atol: float | None = None, rtol: float | None = None) -> Culprits:
     """Rank the places where errors originate, most likely first.
 

@@ -16,6 +16,8 @@ whatever cannot be paired stays unjudged and the culprit is left as it was.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx
 import torch
@@ -24,6 +26,9 @@ from sbs_widget.align.flow import KINDS, FxFlow, OnnxFlow, anchor_placeholders, 
 from sbs_widget.align.references import reference_program
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import upcast
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 _COMPARED = 4  # how many constants a node may read for them to be compared one by one
 
@@ -86,7 +91,7 @@ def _what_differs(n, f, rank: int) -> str:
     return ""
 
 
-def refine(prepared, value: str, fx_name: str, values: dict, atol: float, rtol: float):
+def refine(prepared: Prepared, value: str, fx_name: str, values: dict, atol: float, rtol: float):
     """``(node name, its ONNX value, its op type, what differs, whether it is a constant)`` for the first
     ONNX node (or the constant it reads) inside ``value``'s group whose value differs from torch's finer
     reference while its inputs agree; None when nothing can be said. ``values``: torch values by FX name
@@ -214,7 +219,7 @@ def _constant_differs(n, consts, f, fflow, finer, paired_fx, onnx_values, weight
     return None
 
 
-def _run_group(prepared, g, group_nodes, values: dict, wanted: list[str]) -> dict | None:
+def _run_group(prepared: Prepared, g, group_nodes, values: dict, wanted: list[str]) -> dict | None:
     """The group's ONNX values ``wanted`` on torch's anchor values (onnxruntime, optimizations off)."""
     import onnxruntime as ort
 
@@ -252,7 +257,7 @@ def _run_group(prepared, g, group_nodes, values: dict, wanted: list[str]) -> dic
     return dict(zip(wanted, got))
 
 
-def refine_culprits(found: list, prepared, inputs, kwargs, atol: float, rtol: float, top: int = 3) -> list:
+def refine_culprits(found: list, prepared: Prepared, inputs, kwargs, atol: float, rtol: float, top: int = 3) -> list:
     """``found`` (culprits, most likely first) with each of the first ``top`` node culprits moved to
     the ONNX node inside its translation where torch's decomposition says the difference starts
     (``refine``); the others as they are. Reruns the torch program once, up to the nodes needed."""
@@ -275,7 +280,7 @@ def refine_culprits(found: list, prepared, inputs, kwargs, atol: float, rtol: fl
     if not names:
         return found
     try:
-        values = torch_values(prepared, inputs, kwargs, names)
+        values = torch_values(prepared.decomposed_ep, inputs, kwargs, names)
     except Exception:
         return found
     out = list(found)

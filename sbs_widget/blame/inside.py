@@ -9,7 +9,12 @@ before it: the culprit is the ONNX-only node that computed what it copies (the S
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sbs_widget.align.elem_types import elem_type
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 
 def copies_its_input(index, node) -> bool:
@@ -22,7 +27,7 @@ def copies_its_input(index, node) -> bool:
     return to != 0 and elem_type(index, node.input[0]) == to
 
 
-def computing_producer(prepared, group: set[int], value: str):
+def computing_producer(prepared: Prepared, group: set[int], value: str):
     """``(node, its output, the copy that passes it on)`` for ``value``'s group (``group``: its ONNX
     node indices) when the node producing ``value`` only copies, through other copies, what an
     ONNX-only node of the group computed; None otherwise (a computing node, or a copy of a compared

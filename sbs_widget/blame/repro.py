@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -31,6 +32,9 @@ from sbs_widget.engine.node_local import ANCHOR, local_model
 from sbs_widget.errors import InputError
 from sbs_widget.safe_files import output_folder, output_path
 from sbs_widget.safe_text import short_name
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 OUTPUT = "expected"
 BUNDLE_FILES = ("model.onnx", "inputs.pt", "inputs.npz", "expected.pt", "expected.npz", "fx.txt", "replay.py",
@@ -77,7 +81,7 @@ class ReproBundle:
     files: list[str] = field(default_factory=list)
 
 
-def _resolve(prepared, target) -> str:
+def _resolve(prepared: Prepared, target) -> str:
     """The compared ONNX value whose group reproduces ``target`` (a Culprit, or a name)."""
     p = prepared
     twins = p.alignment.onnx_to_fx
@@ -127,7 +131,7 @@ def _as_array(value, like: str, index) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def piece_model(prepared, value: str, feed_types: dict[str, int]) -> tuple[onnx.ModelProto, list[str]]:
+def piece_model(prepared: Prepared, value: str, feed_types: dict[str, int]) -> tuple[onnx.ModelProto, list[str]]:
     """The group computing ``value`` as a standalone model: anchors are inputs (named after the
     values), every constant an initializer, one output named ``expected``."""
     g = prepared.group(value)
@@ -156,7 +160,7 @@ def piece_model(prepared, value: str, feed_types: dict[str, int]) -> tuple[onnx.
     return model, [prepared.index.nodes[i].name for i in g.nodes]
 
 
-def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: float | None = None,
+def export_repro(prepared: Prepared, inputs, culprit, folder: str, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None) -> ReproBundle:
     """Write the smallest ONNX model reproducing ``culprit`` (a ``Culprit``, or an ONNX value, ONNX
     node, FX node or initializer name) into ``folder``, with its torch inputs, expected output, the FX
@@ -175,7 +179,7 @@ def export_repro(prepared, inputs, culprit, folder: str, *, kwargs=None, atol: f
         raise InputError(f"the ONNX nodes computing {value!r} cannot be isolated from torch inputs")
     fx_of = p.alignment.onnx_to_fx
     fx_out = fx_of[value]
-    torch_vals = torch_values(p, inputs, kwargs, {fx_out} | {fx_of[a] for a in g.anchors})
+    torch_vals = torch_values(p.decomposed_ep, inputs, kwargs, {fx_out} | {fx_of[a] for a in g.anchors})
     feeds = {a: _as_array(torch_vals[fx_of[a]], a, p.index) for a in g.anchors}
     model, node_names = piece_model(p, value, {a: numpy_elem_type(v) for a, v in feeds.items()})
     expected_t = torch_vals[fx_out]
@@ -235,7 +239,7 @@ def _replay_error(model, feeds, expected) -> float:
     return float(diff[finite].max()) if finite.any() else 0.0
 
 
-def _fx_text(p, fx_name: str, values: dict, group) -> str:
+def _fx_text(p: Prepared, fx_name: str, values: dict, group) -> str:
     node = next(n for n in p.fx_nodes if n.name == fx_name)
     lines = [f"FX node: {node.format_node()}", f"target: {node.target}", "arguments:"]
     for k, a in enumerate(node.args):
@@ -256,7 +260,7 @@ def _fx_text(p, fx_name: str, values: dict, group) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _describe_arg(a, p) -> str:
+def _describe_arg(a, p: Prepared) -> str:
     if isinstance(a, torch.fx.Node):
         val = a.meta.get("val")
         if isinstance(val, torch.Tensor):

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sbs_widget import records as R
 from sbs_widget.blame.culprits import as_prepared, find_culprits
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 
 @dataclass
@@ -38,7 +42,7 @@ def _worst(errs) -> float | None:
     return max(known) if known else None
 
 
-def suggest_resets(prepared, inputs=(), records=None, *, kwargs=None, atol: float | None = None,
+def suggest_resets(prepared: Prepared, inputs=(), records=None, *, kwargs=None, atol: float | None = None,
                    rtol: float | None = None, max_steps: int = 5, runtime: str = "onnxruntime") -> ResetSuggestion:
     """The smallest set of names (ONNX values with a torch twin) whose reset brings the model outputs
     within tolerance: greedily reset the top culprit not yet reset, rerun (cheap: sessions are cached

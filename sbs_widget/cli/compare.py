@@ -8,9 +8,11 @@ The output format follows the extension of ``-o``: .csv, .xlsx, .parquet or .htm
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from sbs_widget.cli.options import (
     add_metrics,
@@ -23,6 +25,9 @@ from sbs_widget.cli.options import (
 )
 from sbs_widget.engine.cancel import INTERRUPTED, Cancel, ctrl_c
 from sbs_widget.errors import InputError, RunCancelled
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 WRITERS = (".csv", ".xlsx", ".parquet", ".html", ".json", ".md")
 
@@ -48,7 +53,7 @@ def register_cli(sub) -> None:
     d.set_defaults(func=_demo)
 
 
-def _common(p) -> None:
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help=f"write the records; format by extension: {', '.join(WRITERS)}")
     add_tolerance(p)
     p.add_argument("--reset", nargs="+", default=[], metavar="NAME",
@@ -92,7 +97,7 @@ def _demo(args) -> int:
     return _run_and_report(prepare(ep, model), inputs, None, args)
 
 
-def _run_and_report(prepared, inputs, kwargs, args) -> int:
+def _run_and_report(prepared: Prepared, inputs, kwargs, args) -> int:
     from tqdm import tqdm
 
     from sbs_widget.engine.summary import summarize
@@ -202,7 +207,7 @@ def _write_partial(records, args) -> None:
         print(f"interrupted: wrote {len(records)} records to {visible(args.output)}", file=sys.stderr)
 
 
-def _print_culprits(records, prepared, args) -> None:
+def _print_culprits(records, prepared: Prepared, args) -> None:
     from sbs_widget.blame.culprits import find_culprits
     from sbs_widget.safe_text import clipped, visible
 

@@ -9,6 +9,7 @@ reports; ``check`` is the gate (exit 1 on a mismatch). It exits 1 when it cannot
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from sbs_widget.cli.main import check_output_folder, positive_int
@@ -41,7 +42,7 @@ def register_cli(sub) -> None:
     r.set_defaults(func=_repro)
 
 
-def _files(p) -> None:
+def _files(p: argparse.ArgumentParser) -> None:
     add_model_files(p)
     add_tolerance(p)
     add_runtime(p)

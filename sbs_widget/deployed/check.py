@@ -21,6 +21,7 @@ Attribution, each step one session (``attribute.py``):
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ from sbs_widget.engine.reference import NoReference, program_reference
 from sbs_widget.engine.runtimes import exact_numpy
 from sbs_widget.errors import ModelMismatchError
 from sbs_widget.load.readers import load_inputs
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 
 def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, providers=None,
@@ -109,11 +113,11 @@ def check_deployed(ep, onx, args=(), kwargs=None, *, session_options=None, provi
     return result
 
 
-def _locate(result, sessions, setting, deployed_model, prepared, args, kwargs, flat, atol, rtol) -> dict:
+def _locate(result, sessions, setting, deployed_model, prepared: Prepared, args, kwargs, flat, atol, rtol) -> dict:
     """Fill ``result.located``: one more session, counted as a step; returns the surviving values as
     deployed, by their names as written."""
     def torch_of(names):
-        return torch_values(prepared, args, kwargs, names)
+        return torch_values(prepared.decomposed_ep, args, kwargs, names)
 
     def references_of(names):
         try:
@@ -130,7 +134,7 @@ def _locate(result, sessions, setting, deployed_model, prepared, args, kwargs, f
     return values
 
 
-def _float64_outputs(prepared, flat: list):
+def _float64_outputs(prepared: Prepared, flat: list):
     """A callable giving the program's outputs run in float64 (computed once, on first need; a
     program without a float64 counterpart gives no reference: then the tolerance rule alone judges)."""
     cache: list = []
@@ -150,7 +154,7 @@ def _float64_outputs(prepared, flat: list):
     return references
 
 
-def _torch_side(prepared, args, kwargs) -> tuple[dict[str, np.ndarray], list[torch.Tensor], list]:
+def _torch_side(prepared: Prepared, args, kwargs) -> tuple[dict[str, np.ndarray], list[torch.Tensor], list]:
     """The ONNX feeds (the program's tensor inputs, as the lockstep pairs them) and torch's outputs,
     flattened as the exporter flattens them (no None, no mutated buffers)."""
     args, kwargs = load_inputs(args, kwargs)

@@ -5,8 +5,12 @@ The CLI's summary (``engine/summary.py``) prints the same counts in words."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sbs_widget import records as R
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.prepared import PreparedPair
 
 _COMPARED = (R.OK, R.NOISE, R.MISMATCH, R.RESET)
 _FLOAT_TYPES = frozenset({1, 10, 11, 16})  # ONNX FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -42,7 +46,7 @@ class Coverage:
         return self.onnx_compared / self.onnx_total if self.onnx_total else None
 
 
-def coverage(records, prepared=None) -> Coverage:
+def coverage(records, prepared: PreparedPair | None = None) -> Coverage:
     """Coverage of a run: ``records`` as ``Prepared.run`` (or ``run_aligned``) yielded them,
     ``prepared`` the ``Prepared`` pair they come from (without it, only ``pairs_compared`` is counted).
 

@@ -360,15 +360,15 @@ class _Nested(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
-def torch_values(prepared, inputs, kwargs, names: set[str]) -> dict:
-    """The torch values of FX nodes ``names``: the program run on ``inputs`` until it has them all."""
+def torch_values(program: torch.export.ExportedProgram, inputs, kwargs, names: set[str]) -> dict:
+    """The torch values of FX nodes ``names``: ``program`` run on ``inputs`` until it has them all."""
     from sbs_widget.load.readers import load_inputs
 
     args, kwargs = load_inputs(inputs, kwargs)
-    flat, device = on_inputs_device(prepared.decomposed_ep, flat_inputs(prepared.decomposed_ep, args, kwargs))
-    runner = FxRunner(prepared.decomposed_ep, device=device)
+    flat, device = on_inputs_device(program, flat_inputs(program, args, kwargs))
+    runner = FxRunner(program, device=device)
     runner.feed(flat)
-    last = len(prepared.fx_nodes) - 1
+    last = len(runner.nodes) - 1
     with torch.no_grad():
         while not all(n in runner.env for n in names) and runner.position < last:
             runner.step()

@@ -156,4 +156,6 @@ class Measurer:
         rec.histogram = (e.size,) + (0,) * (len(HISTOGRAM_EDGES) - 1) if self.histogram else None
         if not e.size:
             rec.comment = _join(rec.comment, EMPTY_NOTE)
+        if self.figures:  # (the same bits on both sides: what the metrics say of equal values)
+            rec.metrics = measure_figures(self.figures, e, e)
         return rec

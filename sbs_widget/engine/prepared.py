@@ -59,6 +59,7 @@ class PreparedPair:
     weight_files = property(lambda self: self.cache.weight_files)
     fx_last_use = property(lambda self: self.schedule.fx_last_use)
     n_fx_nodes = property(lambda self: self.schedule.n_fx_nodes)
+    n_onnx_nodes = property(lambda self: len(self.pair.index.nodes))
 
     # -- tolerance -------------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from sbs_widget.align.fx_graph import dead_nodes
 from sbs_widget.align.user_program import value_holder
 from sbs_widget.records import Record
 from sbs_widget.safe_text import clipped, visible
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.prepared import PreparedPair
 
 _COMPARED = (R.OK, R.NOISE, R.MISMATCH, R.RESET)
 
@@ -152,7 +156,7 @@ def coverable_nodes(program: torch.export.ExportedProgram) -> list[str]:
     return out
 
 
-def summarize(records: list[Record], prepared=None) -> Summary:
+def summarize(records: list[Record], prepared: PreparedPair | None = None) -> Summary:
     s = Summary(n_records=len(records))
     for r in records:
         s.by_status[r.status] = s.by_status.get(r.status, 0) + 1
@@ -200,7 +204,7 @@ def summarize(records: list[Record], prepared=None) -> Summary:
     return s
 
 
-def coverage(records: list[Record], prepared) -> tuple[int, int, list[str]]:
+def coverage(records: list[Record], prepared: PreparedPair) -> tuple[int, int, list[str]]:
     """Covered / coverable nodes of the user's program (the decomposed one when the user handed over
     the ONNXProgram). A user node is covered when the last decomposed node coming from it, the one that
     holds its value, was compared. Dead nodes (no path to an output) are not counted."""

@@ -21,11 +21,14 @@ import math
 import os
 import platform
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from sbs_widget.errors import InputError, LoadError
 from sbs_widget.gate.verdict import Verdict, check_fail_on, judge
 from sbs_widget.records import RECORD_FIELDS, Record, to_dataframe
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 SCHEMA_ID = "sbs_widget.report"
 SCHEMA_VERSION = 1
@@ -259,8 +262,9 @@ def culprit_from_dict(d: dict):
     return Culprit(**kept)
 
 
-def build_report(records: Iterable[Record], *, culprits=None, prepared=None, atol: float | None = None,
-                 rtol: float | None = None, fail_on: str = "noise", runtime: str = "onnxruntime",
+def build_report(records: Iterable[Record], *, culprits=None, prepared: Prepared | None = None,
+                 atol: float | None = None, rtol: float | None = None, fail_on: str = "noise",
+                 runtime: str = "onnxruntime",
                  node_local: bool = False, sources: dict | None = None, cannot_judge: str | None = None,
                  verdict: Verdict | None = None, message: str = "", top: int = 10) -> Report:
     """A ``Report`` of ``records`` (what ``run_aligned`` yielded). ``culprits``: as found (``None``: found

@@ -16,13 +16,16 @@ needs to collapse clusters.
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import graphviz
 
 from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
 from sbs_widget.records import ERROR, KIND_INNER, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
 from sbs_widget.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 __all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
 # Colours, severities and the broadcast rule are shared with the browser's graphs (js/rules.js).
@@ -47,7 +50,7 @@ def onnx_graph(onx, records: Iterable[Record] | None = None) -> graphviz.Digraph
     return _digraph(spec, _paint(spec, records))
 
 
-def dot_sources(prepared, records: Iterable[Record] | None = None) -> tuple[str, str]:
+def dot_sources(prepared: Prepared | tuple, records: Iterable[Record] | None = None) -> tuple[str, str]:
     """``(fx_dot, onnx_dot)`` for the widget: ``prepared`` is ``engine.prepare(...)``'s result or ``(ep, onx)``.
 
     Each DOT starts with a ``// sbs-graph-spec {json}`` comment holding the graph structure, so the

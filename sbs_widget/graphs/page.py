@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import json
 import pathlib
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from sbs_widget.errors import SbsError
 from sbs_widget.graphs.dot import dot_sources
@@ -17,11 +17,15 @@ from sbs_widget.records import Record
 from sbs_widget.safe_files import write_text
 from sbs_widget.shared_rules import json_value
 
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
+
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "graphs_page.js"
 _ROW_FIELDS = ("ep_name", "onnx_name", "onnx_node_name", "err_abs", "err_local", "status", "kind", "module")
 
 
-def write_graphs_html(path, prepared, records: Iterable[Record] | None = None, *, title: str = "sbs_widget graphs"):
+def write_graphs_html(path, prepared: Prepared | tuple, records: Iterable[Record] | None = None, *,
+                      title: str = "sbs_widget graphs"):
     """Write the page for ``prepared`` (``engine.prepare(...)`` or ``(decomposed_ep, onx)``) to ``path``.
 
     >>> write_graphs_html("graphs.html", (onnx_program.exported_program, onnx_program.model_proto))  # doctest: +SKIP

@@ -106,3 +106,16 @@ def fallback_html(*, title: str, run_id: int, status: str, records: list, summar
         parts.append("</tbody></table>")
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def widget_fallback(widget) -> str:
+    """The fallback page of an ``SbsWidget``: its state when the output is produced."""
+    from sbs_widget.engine.summary import summarize
+
+    run = widget._runs[-1] if widget._runs else None
+    records = list(run.records) if run is not None else []
+    lines = summarize(records, widget._prepared).lines() if records else []
+    return fallback_html(title=widget.title, run_id=widget.run_id, status=widget.status, records=records,
+                         summary_lines=lines, culprits=list(widget.culprits) if widget.status == "done" else [],
+                         atol=widget.atol, rtol=widget.rtol, reset_names=widget.reset_names,
+                         deployed=dict(widget.deployed))

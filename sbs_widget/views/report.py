@@ -12,6 +12,10 @@ import base64
 import html
 import json
 import pathlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
 _STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
@@ -73,7 +77,7 @@ def report_data(runs, state: dict) -> dict:
 
 def write_html_report(records, path, *, title: str = "sbs_widget report", atol: float | None = None,
                       rtol: float | None = None, reset_names=(), fx_dot: str = "", onnx_dot: str = "",
-                      prepared=None, deployed: dict | None = None, culprits: list[dict] | None = None
+                      prepared: Prepared | None = None, deployed: dict | None = None, culprits: list[dict] | None = None
                       ) -> pathlib.Path:
     """Write ``records`` (a list of ``Record``, of finished ``Run``s, or an ``SbsWidget``) as a
     self-contained HTML page (``deployed``: the widget's as-deployed check state, shown above the table;

@@ -4,14 +4,18 @@ culprits), worked out from the runs alone: the live widget publishes it, the off
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 from sbs_widget.errors import SbsWidgetWarning
 from sbs_widget.records import metric_names
 from sbs_widget.views.rows import columns_of, compare_runs
 from sbs_widget.views.runs import DONE, RUNNING, Run
 
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
-def progress_state(run: Run, prepared, n_rows: int) -> dict:
+
+def progress_state(run: Run, prepared: Prepared, n_rows: int) -> dict:
     """How far ``run`` is (``prepared`` gives the totals while the run has not counted them)."""
     fx_total = run.fx_total or getattr(prepared, "n_fx_nodes", 0) or 0
     fx_done = fx_total if run.status == DONE and fx_total else run.fx_done
@@ -45,7 +49,7 @@ def compare_state(runs: list[Run], atol: float, rtol: float) -> dict:
     return compare_runs(runs[-2], runs[-1], atol, rtol) if len(runs) >= 2 else {}
 
 
-def culprits_state(run: Run, prepared, inputs=None, kwargs=None) -> list[dict]:
+def culprits_state(run: Run, prepared: Prepared, inputs=None, kwargs=None) -> list[dict]:
     """The culprits of ``run`` as the view lists them (each with ``i``, its record's index); with the
     run's ``inputs``, those inside a translation are located by torch's decomposition (``blame/finer``)."""
     from sbs_widget.blame.culprits import find_culprits
@@ -80,7 +84,7 @@ def runs_metrics(runs: list[Run]) -> list[str]:
 
 
 def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_names=(), fx_dot: str = "",
-               onnx_dot: str = "", prepared=None, message: str = "", deployed: dict | None = None,
+               onnx_dot: str = "", prepared: Prepared | None = None, message: str = "", deployed: dict | None = None,
                culprits: list[dict] | None = None) -> dict:
     """Everything a view shows of ``runs`` once the last one ended (``deployed``: the as-deployed check's
     state, ``SbsWidget.deployed``; ``culprits``: as the widget listed them, else found from the last

@@ -12,6 +12,7 @@ import pathlib
 import threading
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import anywidget
 import traitlets
@@ -20,11 +21,14 @@ from sbs_widget.engine.cancel import check_time_limit
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL, checked, valid_tolerance
 from sbs_widget.errors import SbsError, SbsWidgetWarning
 from sbs_widget.records import metric_names, to_dataframe
+from sbs_widget.shared_rules import MESSAGES
 from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
 from sbs_widget.views.rows import ROW_COLUMNS, columns_of, encode_rows, run_metrics
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
-from sbs_widget.views.shared_rules import MESSAGES
 from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
+
+if TYPE_CHECKING:
+    from sbs_widget.engine.entry import Prepared
 
 _STATIC = pathlib.Path(__file__).parent.parent / "static"
 PAGE_ROWS = 25_000  # most rows per get_rows answer (about 5 MB): a 50,000-row run arrives in a few messages
@@ -193,16 +197,9 @@ class SbsWidget(anywidget.AnyWidget):
         return data, metadata
 
     def _fallback_html(self) -> str:
-        from sbs_widget.views.fallback import fallback_html
-        from sbs_widget.views.summary import summarize
+        from sbs_widget.views.fallback import widget_fallback
 
-        run = self._runs[-1] if self._runs else None
-        records = list(run.records) if run is not None else []
-        lines = summarize(records, self._prepared).lines() if records else []
-        return fallback_html(title=self.title, run_id=self.run_id, status=self.status, records=records,
-                             summary_lines=lines, culprits=list(self.culprits) if self.status == "done" else [],
-                             atol=self.atol, rtol=self.rtol, reset_names=self.reset_names,
-                             deployed=dict(self.deployed))
+        return widget_fallback(self)
 
     # --- public API --------------------------------------------------------------------------
 
@@ -350,7 +347,7 @@ class SbsWidget(anywidget.AnyWidget):
                 self._fill_dot(prepared)
             return prepared
 
-    def _fill_dot(self, prepared) -> None:
+    def _fill_dot(self, prepared: Prepared) -> None:
         from sbs_widget.graphs.dot import dot_sources
 
         try:
