@@ -43,6 +43,7 @@ _LAZY = {
     "prepare": "sbs_widget.engine.entry",
     "run_aligned": "sbs_widget.engine.entry",
     "Runtime": "sbs_widget.engine.runtimes",
+    "Tolerance": "sbs_widget.engine.tolerance",
     "get_runtime": "sbs_widget.engine.runtimes",
     "Report": "sbs_widget.gate.report",
     "load_report": "sbs_widget.gate.report",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them
     from sbs_widget.engine.coverage import Coverage, coverage
     from sbs_widget.engine.entry import Prepared, prepare, run_aligned
     from sbs_widget.engine.runtimes import Runtime, get_runtime
+    from sbs_widget.engine.tolerance import Tolerance
     from sbs_widget.gate.report import Report, load_report, write_report
     from sbs_widget.graphs.dot import fx_graph, onnx_graph
     from sbs_widget.load.export import Exported, export_module
@@ -120,6 +122,7 @@ __all__ = [
     "SbsError",
     "SbsWidget",
     "SbsWidgetWarning",
+    "Tolerance",
     "ToleranceExceeded",
     "check_deployed",
     "DeployedRuntime",
