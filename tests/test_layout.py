@@ -22,6 +22,7 @@ FLOW = (
     ("align",),
     ("engine",),
     ("blame", "deployed", "dumps"),
+    ("steps",),
     ("graphs",),
     ("views",),
     ("gate",),

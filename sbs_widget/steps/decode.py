@@ -1,0 +1,267 @@
+"""Greedy decoding driven on both sides, step by step, from one prepared pair.
+
+Each step runs the torch program once (its graph module, eager) and the whole ONNX model twice, in one
+session compiled once (shapes change every step, sessions do not):
+
+- **closed loop**: the ONNX side feeds itself its own token and cache, as a deployed model does;
+- **open loop**: the ONNX side gets torch's token and cache at every step, so an error that starts
+  at step ``k`` shows at ``k`` whatever came before, told apart from a drift that accumulates.
+
+Step 0 is the prompt. Per step and loop: the logits' max abs and rel error, cosine, top-5 agreement,
+token agreement and the tolerance's verdict. A step *diverges* when a token differs and it is no tie,
+or when the logits go beyond tolerance and, measured against the program run in float64 on the same
+inputs, the ONNX side is further from exact than torch (``engine/noise.py``'s rule). A flipped token is
+a *tie* when the gap between the two candidates in float64 is within what both sides round by on that
+row. The closed loop stops comparing after its first flipped token (the two sides then decode
+different texts); the open loop goes on. ``Generation.lockstep(step)`` runs the node-by-node comparison
+with culprits on a step's inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+
+from sbs_widget.align.fx_graph import program_outputs
+from sbs_widget.dtypes import ONNX_TO_NUMPY
+from sbs_widget.engine.entry import Prepared
+from sbs_widget.engine.fx_runner import flat_inputs
+from sbs_widget.engine.metrics import compute_errors
+from sbs_widget.engine.noise import epsilon, judge, largest
+from sbs_widget.engine.reference import NoReference, program_reference
+from sbs_widget.engine.runtimes import Runtime, get_runtime
+from sbs_widget.engine.tolerance import Tolerance
+from sbs_widget.engine.user_metrics import cosine, top_k_agreement
+from sbs_widget.errors import InputError
+from sbs_widget.load.readers import load_inputs
+from sbs_widget.steps.mapping import StepMapping, infer_mapping, next_inputs
+
+TOP_K = 5
+_TOP = top_k_agreement(TOP_K)
+
+
+@dataclasses.dataclass
+class LoopStep:
+    """One step of one loop: the ONNX side's logits against torch's."""
+
+    tokens: list[int]  # the ONNX side's next token per batch row
+    max_abs: float
+    max_rel: float
+    cosine: float
+    top5: float  # share of rows whose 5 largest logits are the same set
+    token_agreement: float  # share of rows choosing torch's token
+    within_tolerance: bool
+    noise: bool | None = None  # beyond tolerance: rounding (float64 judged), None: not judged
+    tie: bool | None = None  # a flipped token: within the float64 rounding envelope
+    comment: str = ""
+
+    @property
+    def diverges(self) -> bool:
+        flipped = self.token_agreement < 1.0 and not self.tie
+        return flipped or (not self.within_tolerance and self.noise is not True)
+
+
+@dataclasses.dataclass
+class Step:
+    step: int  # 0: the prompt
+    length: int  # tokens in the sequence after this step's input
+    torch_tokens: list[int]
+    closed: LoopStep | None  # None once the closed loop has stopped (a token flipped before)
+    open: LoopStep
+
+
+@dataclasses.dataclass
+class Generation:
+    """The steps of one greedy decoding, compared (``decode``)."""
+
+    prepared: Prepared
+    mapping: StepMapping
+    tolerance: Tolerance
+    steps: list[Step]
+    inputs: list[dict]  # torch's flat user inputs at each step (the open loop's, the lockstep's)
+
+    @property
+    def first_divergence(self) -> dict[str, int | None]:
+        """The first diverging step of each loop (``None``: none)."""
+        closed = next((s.step for s in self.steps if s.closed is not None and s.closed.diverges), None)
+        opened = next((s.step for s in self.steps if s.open.diverges), None)
+        return {"closed_loop": closed, "open_loop": opened}
+
+    def kwargs_at(self, step: int) -> tuple[tuple, dict]:
+        """Torch's inputs at ``step`` as the program takes them (``args``, ``kwargs``)."""
+        program = self.prepared.decomposed_ep
+        flat = list(self.inputs[step].values())
+        return torch.utils._pytree.tree_unflatten(flat, program.call_spec.in_spec)
+
+    def lockstep(self, step: int, **options):
+        """The node-by-node comparison at ``step`` (torch's inputs at that step, both sides fed them),
+        and its culprits: ``(records, culprits)``."""
+        from sbs_widget.blame.culprits import find_culprits
+        from sbs_widget.blame.finer import refine_culprits
+
+        args, kwargs = self.kwargs_at(step)
+        atol, rtol = self.tolerance
+        options.setdefault("node_local", True)
+        records = list(self.prepared.run(args, kwargs, atol=atol, rtol=rtol, **options))
+        found = find_culprits(records, prepared=self.prepared, atol=atol, rtol=rtol)
+        return records, refine_culprits(found, self.prepared, args, kwargs, atol, rtol)
+
+    def to_dataframe(self):
+        import pandas
+
+        rows = []
+        for s in self.steps:
+            for loop, ls in (("closed", s.closed), ("open", s.open)):
+                if ls is None:
+                    continue
+                rows.append({"step": s.step, "loop": loop, "length": s.length, "torch_tokens": s.torch_tokens,
+                             **{k: v for k, v in dataclasses.asdict(ls).items()}, "diverges": ls.diverges})
+        return pandas.DataFrame(rows)
+
+
+class _Sides:
+    """The torch program and the ONNX model, run whole on flat user inputs (name -> tensor)."""
+
+    def __init__(self, p: Prepared, runtime: Runtime):
+        self.p = p
+        program = p.decomposed_ep
+        self.module = program.graph_module
+        self.user_inputs = list(program.graph_signature.user_inputs)
+        self.output_names = [n.name if isinstance(n, torch.fx.Node) else str(n) for n in program_outputs(program)]
+        self.onnx_names = dict(p.alignment.input_pairs)  # FX input -> ONNX input
+        self.kinds = [s.kind for s in program.graph_signature.output_specs]
+        self.runtime = runtime
+        self.session = p.compiled(runtime, ("whole-model",), lambda: p.index.full_model())
+
+    def torch(self, weights: list, flat: dict) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            out = self.module(*weights, *flat.values())
+        user = torch.export.graph_signature.OutputKind.USER_OUTPUT
+        out = [v for v, kind in zip(out, self.kinds) if kind == user] if len(out) == len(self.kinds) else out
+        return [v for v in torch.utils._pytree.tree_leaves(out) if v is not None]
+
+    def onnx(self, flat: dict) -> list[torch.Tensor]:
+        types = self.p.index.types
+        feeds = {}
+        for name, value in flat.items():
+            onnx_name = self.onnx_names.get(name)
+            if onnx_name is None or not isinstance(value, torch.Tensor):
+                continue
+            arr = value.detach().cpu().numpy()
+            vt = types.get(onnx_name)
+            if vt is not None and vt.elem_type in ONNX_TO_NUMPY and arr.dtype != ONNX_TO_NUMPY[vt.elem_type]:
+                arr = arr.astype(ONNX_TO_NUMPY[vt.elem_type])
+            feeds[onnx_name] = np.ascontiguousarray(arr)
+        outs = self.session(feeds, list(self.p.index.outputs))
+        return [torch.from_numpy(np.asarray(o)) for o in outs]
+
+
+def decode(prepared: Prepared, inputs=(), kwargs=None, *, steps: int = 32, atol: float | None = None,
+           rtol: float | None = None, mapping: StepMapping | None = None, runtime: str | Runtime = "onnxruntime",
+           progress: Callable[[int, int], None] | None = None) -> Generation:
+    """Greedy decoding of ``steps`` tokens after the prompt (``inputs``/``kwargs``: the program's inputs
+    at step 0), compared in a closed and an open loop (see the module's docstring)."""
+    return Generation(prepared, *_run(prepared, inputs, kwargs, steps, atol, rtol, mapping, runtime, progress))
+
+
+def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMapping | None, runtime, progress):
+    if not isinstance(steps, int) or steps < 0:
+        raise InputError(f"steps={steps!r}: pass the number of tokens to generate after the prompt (>= 0)")
+    tolerance = p.tolerance(atol, rtol)
+    args, kwargs = load_inputs(inputs, kwargs)
+    placeholders = flat_inputs(p.decomposed_ep, args, kwargs)
+    sides = _Sides(p, runtime if not isinstance(runtime, str) else get_runtime(runtime))
+    n_user = len(sides.user_inputs)
+    weights, user = placeholders[:-n_user] if n_user else placeholders, placeholders[len(placeholders) - n_user:]
+    torch_in = dict(zip(sides.user_inputs, user))
+    out_t = sides.torch(weights, torch_in)
+    if mapping is None:
+        mapping = infer_mapping(torch_in, list(zip(sides.output_names, out_t)))
+    onnx_in = dict(torch_in)
+    out_closed = sides.onnx(onnx_in)
+    out_open = out_closed
+    done, history, closed_on = [], [], True
+    length = int(torch_in[mapping.ids].shape[1]) + (_past(mapping, torch_in) if mapping.with_cache else 0)
+    for k in range(steps + 1):
+        history.append(dict(torch_in))
+        logits_t = out_t[mapping.logits]
+        token_t = logits_t[:, -1].argmax(-1)
+        opened = _loop_step(out_open[mapping.logits], logits_t, tolerance, p, weights, torch_in, sides, mapping)
+        closed = _loop_step(out_closed[mapping.logits], logits_t, tolerance, p, weights, torch_in, sides,
+                            mapping) if closed_on else None
+        done.append(Step(k, length + k, token_t.tolist(), closed, opened))
+        if progress is not None:
+            progress(k + 1, steps + 1)
+        if closed is not None and closed.token_agreement < 1.0:
+            closed_on = False  # the two sides now decode different texts
+        if k == steps:
+            break
+        token_o = out_closed[mapping.logits][:, -1].argmax(-1)
+        next_t = next_inputs(mapping, torch_in, out_t, token_t)
+        if closed_on:
+            onnx_in = next_inputs(mapping, onnx_in, out_closed, token_o)
+        torch_in = next_t
+        out_t = sides.torch(weights, torch_in)
+        out_open = sides.onnx(torch_in)
+        out_closed = sides.onnx(onnx_in) if closed_on else out_open
+    return mapping, tolerance, done, history
+
+
+def _past(mapping: StepMapping, flat: dict) -> int:
+    """The prompt's past length: the cache's dimension that grows (the one torch's next present
+    extends), read as the second to last of the past key (``[batch, heads, past, head size]``)."""
+    past = flat[mapping.cache[0][1]]
+    return int(past.shape[-2]) if past.dim() >= 2 else 0
+
+
+def _loop_step(logits_o: torch.Tensor, logits_t: torch.Tensor, tolerance: Tolerance, p: Prepared, weights: list,
+               torch_in: dict, sides: _Sides, mapping: StepMapping) -> LoopStep:
+    e, g = logits_t.detach().numpy(), logits_o.detach().numpy()
+    err = compute_errors(e, g, atol=tolerance.atol, rtol=tolerance.rtol)
+    last_t, last_o = e[:, -1], g[:, -1]
+    tokens_t, tokens_o = last_t.argmax(-1), last_o.argmax(-1)
+    ls = LoopStep(tokens_o.tolist(), err.err_abs if not err.err_nan else math.inf, err.err_rel, cosine(last_t, last_o),
+                  _TOP(last_t, last_o), float(np.mean(tokens_t == tokens_o)), bool(err.within_tolerance))
+    if ls.within_tolerance and ls.token_agreement == 1.0:
+        return ls
+    try:  # the program in float64 on the same inputs: ties and noise told from bugs
+        ref = _reference_logits(p, weights, torch_in, sides, mapping)
+    except NoReference as why:
+        ls.comment = f"no float64 reference ({why}): the tolerance rule and the tokens stand"
+        return ls
+    if not ls.within_tolerance:
+        verdict = judge(logits_t, g, ref, epsilon(logits_t), largest(logits_t))
+        ls.noise = verdict.noise
+        ls.comment = "rounding: the ONNX logits as close to float64 as torch's" if verdict.noise else \
+            f"beyond rounding: {verdict.err_onnx:.3g} from float64 where torch is {verdict.err_torch:.3g}"
+    if ls.token_agreement < 1.0:
+        ls.tie = _ties(ref[:, -1].numpy(), last_t, last_o, tokens_t, tokens_o)
+        if ls.tie:
+            ls.comment = (ls.comment + "; " if ls.comment else "") + \
+                "tie: the flipped tokens' logits are within what both sides round by (float64)"
+    return ls
+
+
+def _reference_logits(p: Prepared, weights: list, torch_in: dict, sides: _Sides, mapping: StepMapping):
+    flat = [*weights, *torch_in.values()]
+    name = sides.output_names[mapping.logits]
+    values = program_reference(p.decomposed_ep, flat, p.schedule.fx_last_use, [name], p.weight_files)
+    if name not in values:
+        raise NoReference("the logits have no float64 value")
+    return values[name]
+
+
+def _ties(ref: np.ndarray, t: np.ndarray, o: np.ndarray, tokens_t, tokens_o) -> bool:
+    """Whether every row whose token flipped is a tie: the two candidates' float64 logits closer than
+    the larger error either side makes on that row."""
+    for row in np.nonzero(tokens_t != tokens_o)[0]:
+        r = ref[row].astype(np.float64)
+        envelope = max(float(np.abs(t[row].astype(np.float64) - r).max()),
+                       float(np.abs(o[row].astype(np.float64) - r).max()))
+        if abs(r[tokens_t[row]] - r[tokens_o[row]]) > envelope:
+            return False
+    return True
