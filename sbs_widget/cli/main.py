@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "sbs_widget.cli.culprits",
     "sbs_widget.cli.deployed",
     "sbs_widget.cli.check",
+    "sbs_widget.cli.generate",
 )
 
 
