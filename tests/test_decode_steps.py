@@ -1,0 +1,103 @@
+"""Decode steps (issue 50): greedy decoding driven on both sides from one prepared pair; the first
+diverging step in the closed and the open loop, and the culprit at that step. Real exports, real
+onnxruntime."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from sbs_widget.engine.entry import prepare
+from sbs_widget.errors import InputError
+from sbs_widget.samples import zoo
+from sbs_widget.samples.decode_faults import mask_beyond
+from sbs_widget.steps.decode import decode
+from sbs_widget.steps.mapping import StepMapping, infer_mapping, next_inputs
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_without_cache():
+    """A LLaMA exported with a dynamic batch and sequence, no cache: the whole sequence each step."""
+    ep, prog, args, kwargs = zoo.export("llama", optimize=True, dynamic=True)
+    return ep, prog.model_proto, args, kwargs
+
+
+def test_a_clean_export_agrees_at_every_step():
+    ep, model, args, kwargs = _llama_without_cache()
+    steps = []
+    gen = decode(prepare(ep, model), args, kwargs, steps=6, progress=lambda done, total: steps.append((done, total)))
+    assert gen.mapping == StepMapping(ids="input_ids", logits=0, mask="attention_mask")
+    assert gen.first_divergence == {"closed_loop": None, "open_loop": None}
+    assert [s.step for s in gen.steps] == list(range(7)) and steps[-1] == (7, 7)
+    assert all(s.open.within_tolerance and s.open.token_agreement == 1.0 and s.closed is not None for s in gen.steps)
+    assert [s.length for s in gen.steps] == list(range(16, 23))
+    assert gen.steps[3].torch_tokens == gen.steps[3].closed.tokens
+    args3, kwargs3 = gen.kwargs_at(3)
+    assert args3[0].shape == (2, 19) and kwargs3["attention_mask"].shape == (2, 19)
+    frame = gen.to_dataframe()
+    assert len(frame) == 14 and {"step", "loop", "max_abs", "cosine", "top5", "token_agreement", "diverges"} <= \
+        set(frame.columns)
+    records, culprits = gen.lockstep(4)
+    assert records and not [r for r in records if r.status == "mismatch"] and not culprits
+
+
+def test_a_mask_wrong_past_the_prompt_diverges_at_the_first_generated_token():
+    """The single forward call on the prompt agrees; from the first generated token on, the mask hides
+    it: both loops diverge at step 1, and the lockstep at that step names the node reading the mask."""
+    ep, model, args, kwargs = _llama_without_cache()
+    bad, edited = mask_beyond(model, length=args[0].shape[1])
+    p = prepare(ep, bad)
+    gen = decode(p, args, kwargs, steps=3)
+    assert gen.first_divergence == {"closed_loop": 1, "open_loop": 1}
+    step1 = gen.steps[1].open
+    assert not step1.within_tolerance and step1.noise is False and step1.tie is not True
+    assert gen.steps[2].closed is None or not gen.steps[1].closed.token_agreement == 1.0
+    _, culprits = gen.lockstep(1)
+    assert culprits
+    group = p.group(culprits[0].onnx_name)
+    names = {p.index.nodes[i].name for i in group.nodes} if group is not None else {culprits[0].onnx_node}
+    assert names & set(edited), (culprits[0], names)
+
+
+def test_the_cli_reports_the_first_diverging_step_and_its_culprits(tmp_path, capsys):
+    from sbs_widget.cli.main import main
+
+    ep, model, args, kwargs = _llama_without_cache()
+    bad, _ = mask_beyond(model, length=args[0].shape[1])
+    import onnx
+
+    torch.export.save(ep, tmp_path / "m.pt2")
+    onnx.save(bad, tmp_path / "m.onnx")
+    torch.save({"input_ids": args[0], **kwargs}, tmp_path / "prompt.pt")
+    code = main(["generate", "--ep", str(tmp_path / "m.pt2"), "--onnx", str(tmp_path / "m.onnx"), "--inputs",
+                 str(tmp_path / "prompt.pt"), "--steps", "2", "--json", "-o", str(tmp_path / "steps.csv")])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["first_divergence"] == {"closed_loop": 1, "open_loop": 1}
+    assert out["culprits"] and all(c["step"] == 1 and c["onnx_node"] for c in out["culprits"])
+    assert len(out["steps"]) == 3 and (tmp_path / "steps.csv").read_text().startswith("step,loop")
+
+
+def test_the_mapping_is_inferred_or_refused_by_name():
+    ids = torch.zeros(1, 4, dtype=torch.int64)
+    mask = torch.ones(1, 4, dtype=torch.int64)
+    past = torch.zeros(1, 2, 3, 8)
+    logits = torch.zeros(1, 4, 10)
+    m = infer_mapping({"input_ids": ids, "attention_mask": mask, "past_key": past, "past_value": past},
+                      [("logits", logits), ("present_key", torch.zeros(1, 2, 7, 8)),
+                       ("present_value", torch.zeros(1, 2, 7, 8))])
+    assert m.cache == ((1, "past_key"), (2, "past_value")) and m.with_cache
+    nxt = next_inputs(m, {"input_ids": ids, "attention_mask": mask, "past_key": past, "past_value": past},
+                      [logits, torch.ones(1, 2, 7, 8), torch.ones(1, 2, 7, 8)], torch.tensor([3]))
+    assert nxt["input_ids"].tolist() == [[3]] and nxt["attention_mask"].shape == (1, 5)
+    assert nxt["past_key"].shape == (1, 2, 7, 8)
+    with pytest.raises(InputError, match="token_type_ids"):
+        infer_mapping({"input_ids": ids, "token_type_ids": mask}, [("logits", logits)])
+    with pytest.raises(InputError, match="cannot be paired"):
+        infer_mapping({"input_ids": ids, "past_key": past}, [("logits", logits)] + [("a", past), ("b", past)])
+    with pytest.raises(InputError, match="steps"):
+        ep, model, args, kwargs = _llama_without_cache()
+        decode(prepare(ep, model), args, kwargs, steps=-1)
