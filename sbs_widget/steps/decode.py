@@ -12,8 +12,8 @@ token agreement and the tolerance's verdict. A step *diverges* when a token diff
 or when the logits go beyond tolerance and, measured against the program run in float64 on the same
 inputs, the ONNX side is further from exact than torch (``engine/noise.py``'s rule). A flipped token is
 a *tie* when the logits are within tolerance or rounding, and the gap between the two candidates in
-float64 is within twice what torch rounds by on that row. The closed loop stops comparing after its first flipped token (the two sides then decode
-different texts); the open loop goes on. ``Generation.lockstep(step)`` runs the node-by-node comparison
+float64 is within twice what torch rounds by on that row. The closed loop stops comparing after its
+first flipped token (the two sides then decode different texts); the open loop goes on. ``Generation.lockstep(step)`` runs the node-by-node comparison
 with culprits on a step's inputs.
 """
 
