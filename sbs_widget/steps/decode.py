@@ -8,13 +8,14 @@ session compiled once (shapes change every step, sessions do not):
   at step ``k`` shows at ``k`` whatever came before, told apart from a drift that accumulates.
 
 Step 0 is the prompt. Per step and loop: the logits' max abs and rel error, cosine, top-5 agreement,
-token agreement and the tolerance's verdict. A step *diverges* when a token differs and it is no tie,
-or when the logits go beyond tolerance and, measured against the program run in float64 on the same
-inputs, the ONNX side is further from exact than torch (``engine/noise.py``'s rule). A flipped token is
-a *tie* when the logits are within tolerance or rounding, and the gap between the two candidates in
-float64 is within twice what torch rounds by on that row. The closed loop stops comparing after its
-first flipped token (the two sides then decode different texts); the open loop goes on. ``Generation.lockstep(step)`` runs the node-by-node comparison
-with culprits on a step's inputs.
+token agreement and the tolerance's verdict. A step *diverges* when a token differs and it is no
+tie, or when the logits go beyond tolerance and, measured against the program run in float64 on the
+same inputs, the ONNX side is further from exact than torch (``engine/noise.py``'s rule). A flipped
+token is a *tie* when the logits are within tolerance or rounding, and the gap between the two
+candidates in float64 is within twice what torch rounds by on that row. The closed loop stops
+comparing after its first flipped token (the two sides then decode different texts); the open loop
+goes on. ``Generation.lockstep(step)`` runs the node-by-node comparison with culprits on a step's
+inputs.
 """
 
 from __future__ import annotations
