@@ -109,3 +109,47 @@ def swap_gelu_approximation(model: onnx.ModelProto, node_name: str) -> onnx.Mode
     current = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "approximate"), b"none")
     current = current.decode() if isinstance(current, bytes) else current
     return set_attribute(out, node_name, "approximate", "tanh" if current == "none" else "none")
+
+
+def zero_beyond(model: onnx.ModelProto, value: str, *, length: int, axis: int = 1) -> onnx.ModelProto:
+    """Every consumer of ``value`` reads it with the positions from ``length`` on along ``axis`` set to zero
+    (``Where(Range(dim) < length, value, 0)``): a fault that shows on longer inputs only (padding or a
+    window applied where it should not be). The rank of ``value`` is read from the model's value infos."""
+    out = _copy(model)
+    g = out.graph
+    producer = next((i for i, n in enumerate(g.node) if value in n.output), None)
+    if producer is None:
+        raise KeyError(f"no node produces {value!r}")
+    info = next((vi for vi in list(g.value_info) + list(g.output) if vi.name == value), None)
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        raise KeyError(f"no value info gives the rank of {value!r}")
+    rank = len(info.type.tensor_type.shape.dim)
+    elem = info.type.tensor_type.elem_type
+    p = f"{value}__beyond{length}"
+    masked = f"{p}_masked"
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x == value:
+                n.input[k] = masked
+
+    def const(name, array):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(array), name))
+
+    added = [
+        helper.make_node("Shape", [value], [f"{p}_shape"], name=f"{p}_shape_node"),
+        const(f"{p}_axis", np.array(axis, dtype=np.int64)),
+        helper.make_node("Gather", [f"{p}_shape", f"{p}_axis"], [f"{p}_dim"], name=f"{p}_dim_node"),
+        const(f"{p}_start", np.array(0, dtype=np.int64)), const(f"{p}_step", np.array(1, dtype=np.int64)),
+        helper.make_node("Range", [f"{p}_start", f"{p}_dim", f"{p}_step"], [f"{p}_pos"], name=f"{p}_range"),
+        const(f"{p}_length", np.array(length, dtype=np.int64)),
+        helper.make_node("Less", [f"{p}_pos", f"{p}_length"], [f"{p}_keep"], name=f"{p}_less"),
+        const(f"{p}_axes", np.arange(1, rank - axis, dtype=np.int64)),
+        helper.make_node("Unsqueeze", [f"{p}_keep", f"{p}_axes"], [f"{p}_keep_b"], name=f"{p}_unsqueeze"),
+        const(f"{p}_zero", np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(elem))),
+        helper.make_node("Where", [f"{p}_keep_b", value, f"{p}_zero"], [masked], name=f"{p}_where"),
+    ]
+    nodes = list(g.node)
+    nodes[producer + 1:producer + 1] = added
+    del g.node[:]
+    g.node.extend(nodes)
+    return out
