@@ -5,7 +5,10 @@ session compiled once (shapes change every step, sessions do not):
 
 - **closed loop**: the ONNX side feeds itself its own token and cache, as a deployed model does;
 - **open loop**: the ONNX side gets torch's token and cache at every step, so an error that starts
-  at step ``k`` shows at ``k`` whatever came before, told apart from a drift that accumulates.
+  at step ``k`` shows at ``k`` whatever came before, told apart from a drift that accumulates. As long
+  as the closed loop's tokens are torch's and its cache is within tolerance of torch's, feeding it
+  torch's would change nothing the tolerance sees: the open loop is the closed loop (``open_shared``)
+  and runs apart from the first step where they part.
 
 Step 0 is the prompt. Per step and loop: the logits' max abs and rel error, cosine, top-5 agreement,
 token agreement and the tolerance's verdict. A step *diverges* when a token differs and it is no
@@ -21,6 +24,7 @@ inputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -73,6 +77,9 @@ class Step:
     torch_tokens: list[int]
     closed: LoopStep | None  # None once the closed loop has stopped (a token flipped before)
     open: LoopStep
+    # the open loop's step is the closed loop's: up to here the ONNX side's own inputs were torch's
+    # within tolerance (its tokens the same, its cache within tolerance), no separate run was needed
+    open_shared: bool = False
 
 
 @dataclasses.dataclass
@@ -120,6 +127,7 @@ class Generation:
                 if ls is None:
                     continue
                 rows.append({"step": s.step, "loop": loop, "length": s.length, "torch_tokens": s.torch_tokens,
+                             "open_shared": s.open_shared,
                              **{k: v for k, v in dataclasses.asdict(ls).items()}, "diverges": ls.diverges})
         return pandas.DataFrame(rows)
 
@@ -183,33 +191,44 @@ def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMappi
     if mapping is None:
         mapping = infer_mapping(torch_in, list(zip(sides.output_names, out_t)))
     onnx_in = dict(torch_in)
-    out_closed = sides.onnx(onnx_in)
-    out_open = out_closed
-    done, history, closed_on = [], [], True
+    out_closed = out_open = sides.onnx(onnx_in)
+    done, history, closed_on, shared = [], [], True, True
     length = int(torch_in[mapping.ids].shape[1]) + (_past(mapping, torch_in) if mapping.with_cache else 0)
     for k in range(steps + 1):
         history.append(dict(torch_in))
         logits_t = out_t[mapping.logits]
         token_t = logits_t[:, -1].argmax(-1)
-        opened = _loop_step(out_open[mapping.logits], logits_t, tolerance, p, weights, torch_in, sides, mapping)
-        closed = _loop_step(out_closed[mapping.logits], logits_t, tolerance, p, weights, torch_in, sides,
-                            mapping) if closed_on else None
-        done.append(Step(k, length + k, token_t.tolist(), closed, opened))
+        judged = functools.partial(_loop_step, logits_t=logits_t, tolerance=tolerance, p=p, weights=weights,
+                                   torch_in=torch_in, sides=sides, mapping=mapping)
+        closed = judged(out_closed[mapping.logits]) if closed_on else None
+        opened = dataclasses.replace(closed) if shared and closed is not None else judged(out_open[mapping.logits])
+        done.append(Step(k, length + k, token_t.tolist(), closed, opened, shared and closed is not None))
         if progress is not None:
             progress(k + 1, steps + 1)
-        if closed is not None and closed.token_agreement < 1.0:
-            closed_on = False  # the two sides now decode different texts
+        closed_on = closed_on and closed.token_agreement == 1.0  # else the sides decode different texts
         if k == steps:
             break
-        token_o = out_closed[mapping.logits][:, -1].argmax(-1)
         next_t = next_inputs(mapping, torch_in, out_t, token_t)
         if closed_on:
-            onnx_in = next_inputs(mapping, onnx_in, out_closed, token_o)
+            onnx_in = next_inputs(mapping, onnx_in, out_closed, out_closed[mapping.logits][:, -1].argmax(-1))
+        shared = shared and closed_on and closed.within_tolerance and _caches_close(mapping, out_t, out_closed,
+                                                                                    tolerance)
         torch_in = next_t
         out_t = sides.torch(weights, torch_in)
-        out_open = sides.onnx(torch_in)
-        out_closed = sides.onnx(onnx_in) if closed_on else out_open
+        if closed_on:
+            out_closed = sides.onnx(onnx_in)
+        out_open = out_closed if shared else sides.onnx(torch_in)
     return mapping, tolerance, done, history
+
+
+def _caches_close(mapping: StepMapping, torch_out: list, onnx_out: list, tolerance: Tolerance) -> bool:
+    """Whether every present the ONNX side computed is within tolerance of torch's."""
+    for k, _ in mapping.cache:
+        err = compute_errors(torch_out[k].detach().numpy(), onnx_out[k].detach().numpy(), atol=tolerance.atol,
+                             rtol=tolerance.rtol)
+        if not err.within_tolerance:
+            return False
+    return True
 
 
 def _past(mapping: StepMapping, flat: dict) -> int:
