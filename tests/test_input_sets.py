@@ -7,9 +7,12 @@ The fault: every consumer of the first Linear's ReLU reads it with the positions
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 
 import onnx
+import pandas as pd
 import pytest
 import torch
 from engine_models import export_module
@@ -149,3 +152,34 @@ def test_steal_forward_dump(pair, tmp_path):
     assert result.labels == ["Net[0]", "Net[1]", "Net[2]", "Net[3]"]
     with pytest.raises(Exception, match="no call of 'nope'"):
         compare_input_sets(ep, bad, tmp_path / "calls.onnx", max_workers=0, dump_module="nope")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sbs_widget", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_compare_several_inputs(pair, tmp_path):
+    """``compare`` with several --inputs files: the spread summary, the input-dependent pairs first, -o one row
+    per pair with its worst input; with one file, the comparison as before."""
+    _, _, folder, sets = pair
+    for s, (x,) in zip(LENGTHS, sets):
+        torch.save((x,), tmp_path / f"len{s}.pt")
+    files = [tmp_path / f"len{s}.pt" for s in LENGTHS]
+    res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", *files,
+               "-o", tmp_path / "spread.csv")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "input sets: 4 compared, 4 ran to the end" in out and "#3 len16.pt:" in out
+    assert out.index("input-dependent pairs (mismatch on some inputs only)") < out.index("culprit Add node")
+    assert "linear_1 / linear_1 (Add): mismatch on 2 of 4 inputs [2, 3]" in out
+    assert "input sets: 4/4 compared" in res.stderr
+    df = pd.read_csv(tmp_path / "spread.csv")
+    row = df[df.onnx_name == "linear_1"].iloc[0]
+    assert row.input_dependent and row.worst_label in ("len12.pt", "len16.pt") and row.n_mismatch == 2
+    res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", files[0],
+               files[1], "--workers", "0", "--quiet", "-o", tmp_path / "spread.html")
+    assert res.returncode == 1 and "use one of .csv, .xlsx, .parquet" in res.stderr
+    res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", files[0],
+               tmp_path / "missing.pt", "--workers", "0")
+    assert res.returncode == 1 and "inputs file not found" in res.stderr

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sbs_widget.cli.options import (
+    INPUTS_HELP,
     add_metrics,
     add_model_files,
     add_runtime,
@@ -38,8 +39,12 @@ def register_cli(sub) -> None:
                                    "aligned pair of intermediate values.",
                        epilog=report_exit_codes("the comparison ran to the end (its summary printed, -o written)",
                                                 time_limit=True))
-    add_model_files(p)
+    add_model_files(p, inputs="several", inputs_help=INPUTS_HELP + "; several files: one comparison per file, "
+                    "then the spread of each pair's error over them, the pairs that differ on some inputs only first "
+                    "(-o: one row per pair, .csv, .xlsx or .parquet)")
     _common(p)
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="with several --inputs: worker processes (default: min(CPUs, files, 4); 0: in this process)")
     p.set_defaults(func=_compare)
 
     d = sub.add_parser("demo", help="export the built-in dummy_llm, inject a fault and compare",
@@ -72,6 +77,10 @@ def _check_output(path: str | None) -> None:
 
 
 def _compare(args) -> int:
+    if len(args.inputs) > 1:
+        from sbs_widget.cli.input_sets import compare_sets
+
+        return compare_sets(args)
     _check_output(args.output)
     from sbs_widget.engine.entry import prepare
 
@@ -81,7 +90,7 @@ def _compare(args) -> int:
         print(f"prepared in {time.perf_counter() - begin:.1f} s, most of it decomposing the program as "
               "torch.onnx.export does; to skip that next time, save the program it translated "
               "(torch.export.save(onnx_program.exported_program, ...)) and pass it as --ep", file=sys.stderr)
-    return _run_and_report(prepared, args.inputs, None, args)
+    return _run_and_report(prepared, args.inputs[0], None, args)
 
 
 def _demo(args) -> int:

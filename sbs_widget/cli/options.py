@@ -128,11 +128,13 @@ def report_exit_codes(done: str, *, time_limit: bool = False) -> str:
 def add_model_files(p: argparse.ArgumentParser, *, ep: bool = True, onnx_help: str = ONNX_HELP,
                     inputs: str = "required", inputs_help: str = INPUTS_HELP) -> None:
     """``--ep`` (unless ``ep=False``), ``--onnx`` and ``--inputs``; ``inputs`` is ``"required"``,
-    ``"optional"`` or ``"none"``."""
+    ``"optional"``, ``"none"`` or ``"several"`` (one file or more, required: a list in ``args.inputs``)."""
     if ep:
         p.add_argument("--ep", required=True, help=EP_HELP)
     p.add_argument("--onnx", required=True, help=onnx_help)
-    if inputs != "none":
+    if inputs == "several":
+        p.add_argument("--inputs", required=True, nargs="+", metavar="FILE", help=inputs_help)
+    elif inputs != "none":
         p.add_argument("--inputs", required=inputs == "required", help=inputs_help)
 
 
