@@ -13,5 +13,5 @@ export const NON_FINITE = Object.freeze({"-inf": "-Infinity", "inf": "Infinity",
 export const BROADCAST = 6;
 export const GRAPH_SPEC_MARKER = "sbs-graph-spec ";
 export const HISTOGRAM_EDGES = Object.freeze([0.0, 1e-07, 1e-06, 1e-05, 0.0001, 0.001, 0.01, 0.1, 1.0, 10.0]);
-export const MESSAGES = Object.freeze({"get_rows": "get_rows", "rerun": "rerun", "rows": "rows", "stop": "stop"});
+export const MESSAGES = Object.freeze({"get_rows": "get_rows", "rerun": "rerun", "rows": "rows", "step": "step", "stop": "stop"});
 export const COLOR_SCALE = Object.freeze({"alpha": "8c", "error": "#7b329476", "error_line": "#7b3294", "log_hi": 0.0, "log_lo": -7.0, "noise": "#6baed68c", "not_compared": "#ffffff00", "one_sided": "#8080802e", "reset_line": "#1f5fbf", "stops": ["#1a9850", "#fee08b", "#d73027"], "stub": "#f0f0f0"});

@@ -1,6 +1,7 @@
 // The view's CSS, injected into each view (it must work in JupyterLab, Notebook 7, VS Code, Colab and
 // the offline report page alike). Colours come from the host page's variables (js/theme.js).
 import { themeCSS } from "./theme.js";
+import { STEPS_CSS } from "./steps.js";
 
 export const ROW_HEIGHT = 22;
 export const VIEW_HEIGHT = 396; // 18 rows
@@ -142,4 +143,4 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-reset input[type=text] { width: 220px; font-family: var(--sbs-mono); }
 .sbs-graphs-box > summary { cursor: pointer; color: var(--sbs-fg2); }
 .sbs-graphs-host { min-height: 40px; }
-`;
+${STEPS_CSS}`;

@@ -17,6 +17,7 @@ import { renderCompare } from "./compare.js";
 import { createResetPanel } from "./reset.js";
 import { createCulpritsPanel } from "./culprits.js";
 import { CHECK_DEPLOYED, createDeployedBanner } from "./deployed.js";
+import { STEP_MESSAGE, createStepStrip } from "./steps.js";
 import { toCSV } from "./csv.js";
 import { detectHost } from "./theme.js";
 
@@ -149,6 +150,25 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   });
   // the as-deployed verdict (issue 33) above the table; its button in the toolbar until a check ran
   const deployed = createDeployedBanner({ onCheck: () => model.send({ type: CHECK_DEPLOYED }) });
+  // the decode steps (issue 50) above the table; a click asks for that step's lockstep run
+  const stepOfRun = (id) => { const p = progress(); return p.run === id && p.step !== undefined ? p.step : (meta()[id] || {}).step ?? null; };
+  const strip = createStepStrip({
+    onStep: (k) => {
+      const latest = model.get("run_id");
+      if (stepOfRun(latest) === k && shown !== latest) showRun(latest); // already the current run: show it
+      model.send({ type: STEP_MESSAGE, step: k });
+    },
+  });
+  let stripDrawn = null; // what the strip last drew: redrawn when the decoding, the run shown or the runs change
+  const updateStrip = () => {
+    const decoding = model.get("decoding");
+    const stepRuns = new Set([...meta().map((m) => m && m.step), stepOfRun(model.get("run_id"))].filter(Number.isInteger));
+    const key = [shownStep(), ...[...stepRuns].sort((a, b) => a - b)].join(",");
+    if (stripDrawn && stripDrawn.decoding === decoding && stripDrawn.key === key) return;
+    stripDrawn = { decoding, key };
+    strip.update(decoding, { live, shownStep: shownStep(), stepRuns });
+  };
+  const shownStep = () => stepOfRun(shown);
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
@@ -158,6 +178,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     h("div", { class: "sbs-bar" }, ...prog.counts, h("span", { class: "sbs-spacer-flex" }), copyBtn, dlBtn),
     prog.message,
     deployed.el,
+    strip.el,
     h("div", { class: "sbs-bar" },
       search, h("label", {}, beyond, "only beyond tolerance"),
       h("label", { title: "hide the pairs whose difference is rounding: onnxruntime about as close to a float64 reference as torch (status noise, and reset pairs that were noise)" }, hideNoise, "hide noise"),
@@ -338,6 +359,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     request(id);
     refresh();
     updateRtolNote();
+    updateStrip();
   }
   function updateRuns() {
     const ids = new Set(meta().map((m) => m.id));
@@ -406,11 +428,12 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     updateRtolNote();
   }
 
-  on("change:progress", () => { updateStatus(); request(progress().run); });
+  on("change:progress", () => { updateStatus(); request(progress().run); updateStrip(); });
+  on("change:decoding", updateStrip);
   on("change:status", updateStatus);
   on("change:message", updateStatus);
   on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });
-  on("change:runs_meta", () => { updateRtolNote(); updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
+  on("change:runs_meta", () => { updateStrip(); updateRtolNote(); updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
   on("change:compare", () => renderCompare(compareEl, model.get("compare"), meta()));
   on("change:reset_names", () => { reset.update(running()); table.repaint(); });
   on("change:columns", () => { updateColumns(); refresh(); });
@@ -455,6 +478,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   updateRuns();
   renderCompare(compareEl, model.get("compare"), meta());
   culprits.update(model.get("culprits"));
+  updateStrip();
   updateStatus();
   refresh();
   request(shown);

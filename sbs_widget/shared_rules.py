@@ -71,7 +71,7 @@ BROADCAST = 6
 GRAPH_SPEC_MARKER = "sbs-graph-spec "
 """Starts the DOT comment (``// sbs-graph-spec {json}``) that carries a graph's structure to the view."""
 
-MESSAGES = {"get_rows": "get_rows", "rows": "rows", "rerun": "rerun", "stop": "stop"}
+MESSAGES = {"get_rows": "get_rows", "rows": "rows", "rerun": "rerun", "stop": "stop", "step": "step"}
 """Custom messages between the view and the kernel (``content["type"]``)."""
 
 COLOR_SCALE = {

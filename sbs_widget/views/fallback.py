@@ -1,8 +1,8 @@
 """The widget's static fallback: plain HTML (no script, no style a host could strip) that pages
 rendering no widget show instead: nbconvert without widget state, nbviewer, GitHub.
 
-It is the state when the output was produced: the as-deployed verdict (when checked), the summary, the
-culprits and the worst pairs. Every
+It is the state when the output was produced: the as-deployed verdict (when checked), the decode steps
+(when decoded: the step strip as a plain table), the summary, the culprits and the worst pairs. Every
 string from a model is escaped (a name may hold ``<script>``). A live view ignores it (hosts that
 render widgets prefer the widget's mimetype).
 """
@@ -10,8 +10,10 @@ render widgets prefer the widget's mimetype).
 from __future__ import annotations
 
 import html
+import warnings
 
 from sbs_widget import records as R
+from sbs_widget.errors import SbsWidgetWarning
 from sbs_widget.shared_rules import SEVERITY
 from sbs_widget.views.rows import error_key
 
@@ -68,20 +70,65 @@ def deployed_html(state: dict | None) -> str:
     return "".join(parts)
 
 
+def _loop_cell(loop) -> str:
+    if not isinstance(loop, dict):
+        return "(stopped)"
+    err = loop.get("max_abs")
+    return f"{_cell(err) if isinstance(err, float) else _e(err)}{' beyond' if loop.get('diverges') else ''}"
+
+
+def steps_html(state: dict | None) -> str:
+    """The decode steps (``SbsWidget.decoding``) as an escaped plain table; "" when none were decoded."""
+    if not isinstance(state, dict) or not state.get("status"):
+        return ""
+    if state.get("status") == "error":
+        return f"<p><b>Decode steps: the decoding failed</b>: {_e(state.get('message'))}</p>"
+    steps = state.get("steps") if isinstance(state.get("steps"), list) else []
+    if state.get("status") != "done":
+        return "<p><b>Decode steps</b>: the decoding had not ended when this output was produced.</p>"
+    first = state.get("first_divergence") if isinstance(state.get("first_divergence"), dict) else {}
+    closed, opened = first.get("closed_loop"), first.get("open_loop")
+    parts = [f"<p><b>Decode steps</b> ({len(steps)}): first divergence, closed loop: "
+             f"{_e('none' if closed is None else closed)}; open loop: {_e('none' if opened is None else opened)}</p>",
+             "<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in (
+                 "step", "length", "torch tokens", "ONNX tokens (closed loop)", "closed max |err|",
+                 "open max |err|", "marks")) + "</tr></thead><tbody>"]
+    for s in steps:
+        c, o = s.get("closed"), s.get("open")
+        marks = [m for m, on in (("first divergence (closed loop)", s.get("step") == closed and closed is not None),
+                                 ("first divergence (open loop)", s.get("step") == opened and opened is not None))
+                 if on]
+        for name, loop in (("closed", c), ("open", o)):
+            if isinstance(loop, dict) and loop.get("tie"):
+                marks.append(f"tie ({name} loop): {loop.get('comment') or ''}")
+        tokens = ", ".join(map(str, c.get("tokens") or [])) if isinstance(c, dict) else "(stopped)"
+        cells = (s.get("step"), s.get("length"), ", ".join(map(str, s.get("torch") or [])), tokens)
+        parts.append("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in cells) + f"<td>{_loop_cell(c)}</td>"
+                     f"<td>{_loop_cell(o)}</td><td>{_e('; '.join(marks))}</td></tr>")
+    parts.append("</tbody></table>")
+    return "\n".join(parts)
+
+
 def fallback_html(*, title: str, run_id: int, status: str, records: list, summary_lines: list[str],
-                  culprits: list[dict], atol: float, rtol: float, reset_names=(), deployed: dict | None = None) -> str:
+                  culprits: list[dict], atol: float, rtol: float, reset_names=(), deployed: dict | None = None,
+                  decoding: dict | None = None, step: int | None = None) -> str:
     """The static fallback of a run (``status``: the widget's; ``culprits``: its culprit dicts;
-    ``deployed``: the as-deployed check's state)."""
+    ``deployed``: the as-deployed check's state; ``decoding``: the decode steps' state, ``step``: the
+    step whose lockstep the run is)."""
     head = f"sbs_widget{': ' + title if title else ''}"
     parts = [f"<div class=\"sbs-widget-fallback\"><p><b>{_e(head)}</b> (static copy: the interactive view needs a "
              "running kernel)</p>"]
-    state = f"run {run_id}: {status}, {len(records)} record(s), atol={atol:g}, rtol={rtol:g}"
+    state = f"run {run_id}{'' if step is None else f' (lockstep at decode step {step})'}: {status}, " \
+            f"{len(records)} record(s), atol={atol:g}, rtol={rtol:g}"
     if reset_names:
         state += f", reset set: {', '.join(sorted(reset_names))}"
     parts.append(f"<p>{_e(state)}</p>")
     banner = deployed_html(deployed)
     if banner:
         parts.append(banner)
+    strip = steps_html(decoding)
+    if strip:
+        parts.append(strip)
     if status in ("running", "preparing", "idle"):
         parts.append("<p>The run had not ended when this output was produced. Display the widget after "
                      "<code>w.wait()</code>, or write <code>w.save_html(path)</code>, for a complete static copy.</p>")
@@ -118,4 +165,26 @@ def widget_fallback(widget) -> str:
     return fallback_html(title=widget.title, run_id=widget.run_id, status=widget.status, records=records,
                          summary_lines=lines, culprits=list(widget.culprits) if widget.status == "done" else [],
                          atol=widget.atol, rtol=widget.rtol, reset_names=widget.reset_names,
-                         deployed=dict(widget.deployed))
+                         deployed=dict(widget.deployed), decoding=dict(widget.decoding),
+                         step=None if run is None else run.step)
+
+
+class StaticFallback:
+    """Mixin of ``SbsWidget``: its mimebundle carries the fallback page as ``text/html``."""
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget's mimebundle plus a ``text/html`` fallback (``views/fallback.py``) for pages that
+        render no widget (nbconvert without widget state, nbviewer, GitHub): the state when the output
+        is produced, so ``SbsWidget(...).wait()`` as a cell's value gives the complete one."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        try:
+            data = dict(data, **{"text/html": self._fallback_html()})
+        except Exception as e:  # the live view must show even if the fallback cannot be built
+            warnings.warn(f"no static fallback: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
+        return data, metadata
+
+    def _fallback_html(self) -> str:
+        return widget_fallback(self)

@@ -41,6 +41,7 @@ class Run:
     atol: float
     rtol: float
     node_local: bool = False
+    step: int | None = None  # a decode step: the lockstep comparison on torch's inputs at that step
     records: list[Record] = field(default_factory=list)
     status: str = RUNNING
     error: str = ""
@@ -85,6 +86,7 @@ class Run:
             "worst_err": None if w is None else json_value(w.err_abs),  # NaN/inf as strings
             "worst_name": "" if w is None else (w.ep_name or w.onnx_name or ""),
             "error": self.error,
+            "step": self.step,
         }
 
 

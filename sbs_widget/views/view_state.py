@@ -41,6 +41,7 @@ def progress_state(run: Run, prepared: Prepared, n_rows: int) -> dict:
         "worst_name": summary["worst_name"],
         "worst_i": run.worst_i,
         "finished": run.finished,
+        "step": run.step,  # a decode step's lockstep (views/steps_view.py), else None
     }
 
 

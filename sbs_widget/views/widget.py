@@ -23,8 +23,10 @@ from sbs_widget.errors import SbsError, SbsWidgetWarning
 from sbs_widget.records import metric_names, to_dataframe
 from sbs_widget.shared_rules import MESSAGES
 from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
+from sbs_widget.views.fallback import StaticFallback
 from sbs_widget.views.rows import ROW_COLUMNS, columns_of, encode_rows, run_metrics
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
+from sbs_widget.views.steps_view import STEP_MESSAGE, DecodeSteps
 from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ def _names_from_json(value, widget):
     return set(value or ())
 
 
-class SbsWidget(anywidget.AnyWidget):
+class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
     """Compare ``ep`` (torch.export program or .pt2 path) with ``onx`` (ONNX model or path) live.
 
     ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
@@ -51,6 +53,8 @@ class SbsWidget(anywidget.AnyWidget):
     float32, 1e-3 for float16), set on the widget once the first run has prepared the program.
     ``time_limit``: seconds each run may take; past it the run ends with status "error" and a message
     naming the node it was at (the records so far are kept).
+    ``steps``: decode that many tokens after the prompt on both sides first, shown as a strip of steps
+    above the table (``views/steps_view.py``: ``w.steps``, ``w.step_records(k)``, ``w.show_step(k)``).
     ``metrics``: figures measured beside the verdict on every pair (``"cosine"``, ``"sqnr_db"``, ``"top5"``,
     callables, a dict name -> either: ``engine/user_metrics.py``), each a sortable column of the table, the
     DataFrame and the CSV; a bad one raises ``InputError``. An ``atol`` edit re-judges the rows element-wise
@@ -92,11 +96,12 @@ class SbsWidget(anywidget.AnyWidget):
     view_rows = traitlets.List(traitlets.Int()).tag(sync=True)
     # the as-deployed check (check_deployed, views/deployed_check.py): status, message, result
     deployed = traitlets.Dict().tag(sync=True)
+    decoding = traitlets.Dict().tag(sync=True)  # the decode steps (steps=, decode(): views/steps_view.py)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
                  title: str = "", time_limit: float | None = None, deployed: bool | dict = False,
-                 metrics=None, **widget_kwargs):
+                 metrics=None, steps: int | None = None, **widget_kwargs):
         # None: the default for the precision the program computes in, known once it is prepared
         checked(atol, rtol)  # InputError for a bad one (a str or bool too, which the traits would coerce)
         self._metrics, self._metric_names = run_metrics(metrics)  # InputError for a bad one, before any work
@@ -120,9 +125,10 @@ class SbsWidget(anywidget.AnyWidget):
         self._view_drawn = False  # a view has reported the rows on its screen (view_rows)
         self._to_export: dict | None = None  # from_module: the model and options, until exported
         self._deployed_check = DeployedCheck(self)
+        self._init_steps(steps)
         self.on_msg(self._on_msg)
         if autostart and ep is not None:
-            self.rerun()
+            self._autostart()
 
     # --- construction from existing results -------------------------------------------------
 
@@ -153,7 +159,7 @@ class SbsWidget(anywidget.AnyWidget):
         w._to_export = dict(model=model, dynamic_shapes=dynamic_shapes, optimize=optimize, strict=strict,
                             opset_version=opset_version)
         if autostart:
-            w.rerun()
+            w._autostart()
         return w
 
     @property
@@ -179,27 +185,6 @@ class SbsWidget(anywidget.AnyWidget):
                                  opset_version=spec["opset_version"], report=report)
         self._onx = None
         self._to_export = None
-
-    # --- static fallback -----------------------------------------------------------------------
-
-    def _repr_mimebundle_(self, **kwargs):
-        """The widget's mimebundle plus a ``text/html`` fallback (``views/fallback.py``) for pages that
-        render no widget (nbconvert without widget state, nbviewer, GitHub): the state when the output
-        is produced, so ``SbsWidget(...).wait()`` as a cell's value gives the complete one."""
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if bundle is None:
-            return None
-        data, metadata = bundle
-        try:
-            data = dict(data, **{"text/html": self._fallback_html()})
-        except Exception as e:  # the live view must show even if the fallback cannot be built
-            warnings.warn(f"no static fallback: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
-        return data, metadata
-
-    def _fallback_html(self) -> str:
-        from sbs_widget.views.fallback import widget_fallback
-
-        return widget_fallback(self)
 
     # --- public API --------------------------------------------------------------------------
 
@@ -251,8 +236,12 @@ class SbsWidget(anywidget.AnyWidget):
     def rerun(self, reset_names=None) -> "SbsWidget":
         """Start a new run with ``reset_names`` (default: ``self.reset_names``); earlier runs are kept.
 
-        A run in progress is stopped first. Returns at once; ``wait()`` blocks until the run ends.
+        A run in progress is stopped first. Returns at once; ``wait()`` blocks until the run ends. After a
+        step's lockstep (``show_step``) it reruns that step.
         """
+        return self._begin(reset_names, self._runs[-1].step if self._runs else None)
+
+    def _begin(self, reset_names, step: int | None) -> "SbsWidget":
         if self._ep is None and self._to_export is None:
             raise RuntimeError("this widget shows saved records; there is nothing to rerun")
         with self._rerun_lock:
@@ -260,7 +249,7 @@ class SbsWidget(anywidget.AnyWidget):
                 self.reset_names = {reset_names} if isinstance(reset_names, str) else set(reset_names)
             self.stop()
             run = Run(id=len(self._runs), reset_names=frozenset(self.reset_names), atol=self.atol,
-                      rtol=self.rtol, node_local=self.node_local)
+                      rtol=self.rtol, node_local=self.node_local or step is not None, step=step)
             self._runs.append(run)
             self._runner = Runner(run, self._start_run, self._publish, self.time_limit)
             self.run_id = run.id
@@ -308,8 +297,9 @@ class SbsWidget(anywidget.AnyWidget):
         re-raise the run's error as it was raised (``ExportError``, ``InputError``, ``RunTimeout``...)
         if it failed. Returns ``self``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_decoding(timeout)  # the decoding starts a run when it ends: waited for first
         runner = self._runner
-        if runner is not None and not runner.join(timeout):
+        if runner is not None and not runner.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
             raise TimeoutError(f"run {runner.run.id} still running after {timeout} s")
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self._deployed_check.join(left):
@@ -366,7 +356,8 @@ class SbsWidget(anywidget.AnyWidget):
             self.status = RUNNING
         run.fx_total = getattr(prepared, "n_fx_nodes", 0)
         extra = {} if self._runtime is None else {"runtime": self._runtime}
-        return prepared.run(self._args, self._kwargs, atol=run.atol, rtol=run.rtol,
+        args, kwargs = self._inputs_of(run)
+        return prepared.run(args, kwargs, atol=run.atol, rtol=run.rtol,
                             reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
                             progress=progress, cancel=cancel, metrics=self._metrics, **extra)
 
@@ -411,7 +402,8 @@ class SbsWidget(anywidget.AnyWidget):
             self._update_compare()
 
     def _update_culprits(self, run: Run) -> None:
-        self.culprits = culprits_state(run, self._prepared, None if self._ep is None else self._args, self._kwargs)
+        args, kwargs = self._inputs_of(run)
+        self.culprits = culprits_state(run, self._prepared, None if self._ep is None else args, kwargs)
 
     def export_repro(self, name, folder):
         """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
@@ -437,6 +429,8 @@ class SbsWidget(anywidget.AnyWidget):
             self.stop()
         elif kind == CHECK_DEPLOYED:
             self.check_deployed()
+        elif kind == STEP_MESSAGE:
+            self._on_step_message(content)
 
     def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
         if not 0 <= run_id < len(self._runs):
