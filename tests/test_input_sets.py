@@ -183,3 +183,23 @@ def test_cli_compare_several_inputs(pair, tmp_path):
     res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", files[0],
                tmp_path / "missing.pt", "--workers", "0")
     assert res.returncode == 1 and "inputs file not found" in res.stderr
+
+
+def test_bounded_in_flight(pair):
+    """Any Executor (a one-thread pool here): an iterable of sets is read as tasks are submitted, at most
+    ``2 * workers`` ahead of those done; the answer is the same as in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, _, folder, sets = pair
+    done, ahead = [0], []
+
+    def generated():
+        for i in range(6):
+            ahead.append(i - done[0])
+            yield sets[i % len(sets)]
+
+    with ThreadPoolExecutor(1) as pool:
+        result = compare_input_sets(folder / "program.pt2", folder / "bad.onnx", generated(), executor=pool,
+                                    progress=lambda n, total: done.__setitem__(0, n))
+    assert len(result) == 6 and result.failed == [] and max(ahead) <= 2
+    assert [p.beyond_inputs for p in result.input_dependent][0] == [2, 3]
