@@ -111,6 +111,7 @@ test("in the view: above the table, a click sends the step, the run's step is pr
   assert.equal(el.querySelector('.sbs-step[data-step="3"]').getAttribute("aria-pressed"), "true");
   assert.equal(el.querySelector('.sbs-step[data-step="1"]').getAttribute("aria-pressed"), "false");
   assert.equal(el.querySelector('.sbs-step[data-step="1"]').dataset.computed, "true");
+  assert.deepEqual([...el.querySelectorAll("select[aria-label='run'] option")].map((o) => o.textContent), ["run #0 · step 1", "run #1 · step 3"]);
   dispose();
   assert.equal(model.listeners(), 0);
 });

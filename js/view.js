@@ -367,7 +367,8 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     if (latest >= 0) ids.add(latest);
     runSel.replaceChildren(...[...ids].sort((a, b) => a - b).map((id) => {
       const m = meta()[id];
-      const label = `run #${id}${m && m.reset_names.length ? ` · reset ${m.reset_names.length}` : ""}`;
+      const step = Number.isInteger(m?.step) ? m.step : id === latest ? stepOfRun(id) : null; // a decode step's lockstep
+      const label = `run #${id}${Number.isInteger(step) ? ` · step ${step}` : ""}${m && m.reset_names.length ? ` · reset ${m.reset_names.length}` : ""}`;
       return h("option", { value: String(id), text: label, selected: id === shown });
     }));
     runSel.hidden = ids.size < 2;
