@@ -21,6 +21,7 @@ points (``prepare``, ``run_aligned``) and the check that tells which program the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -57,6 +58,7 @@ from sbs_widget.load.readers import (
     load_inputs,
     load_onnx,
 )
+from sbs_widget.load.size_sources import follow_exporter_sizes
 from sbs_widget.records import Record
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "Prepared", "Progress", "prepare", "run_aligned"]
@@ -147,10 +149,22 @@ def _metadata_agreement(program: torch.export.ExportedProgram, index: OnnxIndex)
     for fx, i in items[::max(1, len(items) // AGREEMENT_SAMPLE)]:
         node = nodes[fx]
         printed = _PRINTED_NAMES.findall(index.node_meta(i, "pkg.torch.onnx.fx_node") or "")[1:]
-        if target_name(node.target) != (index.node_fx_target[i] or "").removeprefix("torch.ops.") or \
+        if (index.node_fx_target[i] or "").removeprefix("torch.ops.") not in _printed_targets(node.target) or \
                 list(dict.fromkeys(printed)) != [n.name for n in node.all_input_nodes]:
             ok -= 1
     return ok, len(named)
+
+
+def _printed_targets(target) -> tuple[str, ...]:
+    """How ``format_node`` may print ``target`` (the metadata's text), less a ``torch.ops.`` prefix:
+    an operator's name (``aten.add.Tensor``), or a Python function's qualified name (``operator.add``
+    for the sizes' arithmetic, which ``str`` prints ``<built-in function add>``)."""
+    names = [target_name(target)]
+    if callable(target) and not isinstance(target, torch._ops.OpOverload):
+        with contextlib.suppress(Exception):
+            qualified = torch.fx.node._get_qualified_name(target)
+            names += [qualified, re.sub(r"^_operator\.", "operator.", qualified)]
+    return tuple(names)
 
 
 # -- public entry points --------------------------------------------------------------------------
@@ -204,6 +218,10 @@ def prepare(ep, onx=None) -> Prepared:
         else:
             decomposed, user = decompose_as_exporter(program), program
             ok2, total2 = _metadata_agreement(decomposed, index)
+            if total2 and ok2 < total2 and follow_exporter_sizes(decomposed, index):
+                # a program loaded from its file reads shared sizes from other inputs than the
+                # exporter's did (size_sources): read where the exporter did, named as it named them
+                ok2, total2 = _metadata_agreement(decomposed, index)
             if total2 and ok2 < 0.5 * total2:
                 raise ModelMismatchError(
                     f"only {ok2} of the {total2} FX nodes named by the ONNX model's metadata exist in the "
