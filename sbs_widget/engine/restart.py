@@ -198,7 +198,9 @@ def open_cuts(p: PreparedPair, flat: list, runtime, device, options: tuple, rese
     bytes the cuts may hold (None: ``default_budget``, 0: keep none)."""
     if budget == 0:
         return None, None
-    inputs = tuple((id(t), t._version) if isinstance(t, torch.Tensor) else (id(t),) for t in flat)
+    # (an inference tensor has no version counter: it cannot be written outside inference mode)
+    inputs = tuple((id(t), 0 if t.is_inference() else t._version) if isinstance(t, torch.Tensor) else (id(t),)
+                   for t in flat)
     key = (inputs, str(device), id(runtime), options)
     before: RunCuts | None = p.cache.run_cuts
     cut = before.restart_point(key, reset, p.index.producer) if before is not None else None

@@ -155,7 +155,7 @@ class _Sides:
         if self.single:
             torch.set_num_threads(1)
         try:
-            with torch.inference_mode():
+            with torch.no_grad():  # (not inference mode: its tensors, fed to a lockstep run later, keep versions)
                 out = self.module(*weights, *flat.values())
         finally:
             torch.set_num_threads(threads)
