@@ -165,3 +165,11 @@ def test_bad_steps_and_saved_records():
     with pytest.raises(InputError):
         w.decode(2)
     assert w.steps == [] and len(w.steps_dataframe()) == 0 and w.generation is None
+
+
+def test_report_keeps_the_strip_and_from_module_decodes(decoded, tmp_path):
+    page = decoded.save_html(tmp_path / "steps.html").read_text()
+    assert '"decoding"' in page and '"first_divergence"' in page  # the offline view draws the strip (not clickable)
+    model, inputs, shapes = sbs_widget.dummy_llm(dynamic_shapes=True, seq=6)
+    w = SbsWidget.from_module(model, inputs, dynamic_shapes=shapes, steps=2).wait(180)
+    assert w.exported is not None and len(w.steps) == 3 and w.runs[-1].step == 0 and w.status == "done"

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
 _STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
-               "rtol", "reset_names", "fx_dot", "onnx_dot", "deployed", "culprits")
+               "rtol", "reset_names", "fx_dot", "onnx_dot", "deployed", "culprits",
+               "decoding")
 
 _PAGE = """<!doctype html>
 <html lang="en">
@@ -77,11 +78,12 @@ def report_data(runs, state: dict) -> dict:
 
 def write_html_report(records, path, *, title: str = "sbs_widget report", atol: float | None = None,
                       rtol: float | None = None, reset_names=(), fx_dot: str = "", onnx_dot: str = "",
-                      prepared: Prepared | None = None, deployed: dict | None = None, culprits: list[dict] | None = None
-                      ) -> pathlib.Path:
+                      prepared: Prepared | None = None, deployed: dict | None = None,
+                      culprits: list[dict] | None = None, decoding: dict | None = None) -> pathlib.Path:
     """Write ``records`` (a list of ``Record``, of finished ``Run``s, or an ``SbsWidget``) as a
     self-contained HTML page (``deployed``: the widget's as-deployed check state, shown above the table;
-    ``culprits``: as the widget lists them, else found from the last run's records).
+    ``culprits``: as the widget lists them, else found from the last run's records; ``decoding``: the
+    widget's decode steps, drawn as its step strip, not clickable).
 
     >>> import sbs_widget, tempfile, os
     >>> from sbs_widget.views.report import write_html_report
@@ -99,13 +101,14 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
         return write_html_report(w.runs, path, title=title, atol=w.atol if atol is None else atol,
                                  rtol=w.rtol if rtol is None else rtol, reset_names=w.reset_names,
                                  fx_dot=w.fx_dot, onnx_dot=w.onnx_dot, prepared=w._prepared,
-                                 deployed=dict(w.deployed), culprits=list(w.culprits) if w.status == "done" else None)
+                                 deployed=dict(w.deployed), culprits=list(w.culprits) if w.status == "done" else None,
+                                 decoding=dict(w.decoding))
     records = list(records)
     atol, rtol = 1e-4 if atol is None else atol, 1e-4 if rtol is None else rtol
     runs = records if records and all(isinstance(r, Run) for r in records) else \
         [finished_run(records, atol=atol, rtol=rtol, reset_names=reset_names)]
     state = view_state(runs, title=title, atol=atol, rtol=rtol, reset_names=reset_names, fx_dot=fx_dot,
-                       onnx_dot=onnx_dot, prepared=prepared, deployed=deployed, culprits=culprits)
+                       onnx_dot=onnx_dot, prepared=prepared, deployed=deployed, culprits=culprits, decoding=decoding)
     page = _PAGE.format(
         title=html.escape(title),
         data=_script_json(report_data(runs, state)),

@@ -86,10 +86,10 @@ def runs_metrics(runs: list[Run]) -> list[str]:
 
 def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_names=(), fx_dot: str = "",
                onnx_dot: str = "", prepared: Prepared | None = None, message: str = "", deployed: dict | None = None,
-               culprits: list[dict] | None = None) -> dict:
+               culprits: list[dict] | None = None, decoding: dict | None = None) -> dict:
     """Everything a view shows of ``runs`` once the last one ended (``deployed``: the as-deployed check's
     state, ``SbsWidget.deployed``; ``culprits``: as the widget listed them, else found from the last
-    run's records)."""
+    run's records; ``decoding``: the decode steps, ``SbsWidget.decoding``)."""
     last = runs[-1]
     if culprits is None:
         culprits = culprits_state(last, prepared) if last.status == DONE else []
@@ -99,4 +99,5 @@ def view_state(runs: list[Run], *, title: str, atol: float, rtol: float, reset_n
         "runs_meta": [r.summary() for r in runs], "compare": compare_state(runs, atol, rtol),
         "columns": columns_of(runs_metrics(runs)), "atol": atol, "rtol": rtol, "reset_names": sorted(reset_names),
         "fx_dot": fx_dot, "onnx_dot": onnx_dot, "deployed": dict(deployed or {}), "culprits": list(culprits),
+        "decoding": dict(decoding or {}),
     }

@@ -321,7 +321,8 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
         return write_html_report(runs, path, title=title or self.title or "sbs_widget report", atol=self.atol,
                                  rtol=self.rtol, reset_names=self.reset_names, fx_dot=self.fx_dot,
                                  onnx_dot=self.onnx_dot, prepared=self._prepared, deployed=dict(self.deployed),
-                                 culprits=list(self.culprits) if self.status == "done" else None)
+                                 culprits=list(self.culprits) if self.status == "done" else None,
+                                 decoding=dict(self.decoding))
 
     # --- the run -----------------------------------------------------------------------------
 

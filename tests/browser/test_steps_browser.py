@@ -2,7 +2,7 @@
 on a LLaMA whose ONNX attention mask hides every generated token shows 5 step cells above the table, the
 first diverging step marked, the lockstep at that step in the table; a click on another step streams
 that step's lockstep into the table as a new run, which the kernel then reads back; the strip keeps
-readable in JupyterLab's dark theme.
+readable in JupyterLab's dark theme; the offline report (``save_html``) draws the strip, not clickable.
 
 Run: ``pytest -m browser tests/browser/test_steps_browser.py -p no:playwright``.
 """
@@ -28,7 +28,8 @@ w
 '''
 READ_STATE = '''w.wait()
 print("STATE" + json.dumps({"step": w.runs[-1].step, "runs": len(w.runs), "n": len(w.records),
-      "records": len(w.step_records(3)), "first": w.decoding["first_divergence"], "steps": len(w.steps)}))
+      "records": len(w.step_records(3)), "first": w.decoding["first_divergence"], "steps": len(w.steps),
+      "saved": str(w.save_html("steps_report.html"))}))
 '''
 ROOT = f"{NB} .jp-OutputArea .sbs-root"
 
@@ -78,12 +79,27 @@ def test_strip_renders_and_a_click_streams_the_step(lab, lab_page, tmp_path):
     assert state["records"] == rows_after and state["first"] == {"closed_loop": 1, "open_loop": 1}
 
     # dark theme: the strip's text takes the theme's colour (light on dark)
-    light = view.evaluate("root => getComputedStyle(root.querySelector('.sbs-steps-head')).color")
-    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    # (the theme is a setting of the session's server: an earlier test may have left it dark)
+    theme = "(name) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: name})"
+    colour = "root => getComputedStyle(root.querySelector('.sbs-steps-head')).color"
+    page.evaluate(theme, "JupyterLab Light")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
+    page.wait_for_timeout(300)
+    light = view.evaluate(colour)
+    page.evaluate(theme, "JupyterLab Dark")
     page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-    page.wait_for_function("([root, before]) => getComputedStyle(root.querySelector('.sbs-steps-head')).color !== before",
-                           arg=[handle, light], timeout=30_000)
+    page.wait_for_function(f"([root, before]) => ({colour})(root) !== before", arg=[handle, light], timeout=30_000)
     view.screenshot(path=str(tmp_path / "steps-dark.png"))
     print(f"\n[steps] screenshot {tmp_path / 'steps-dark.png'}")
+    errors = [line for line in page.console_lines if line.startswith("pageerror")]
+    assert not errors, errors
+
+    # the offline report: the same strip, no kernel to ask
+    page.goto(f"file://{lab.root / 'steps_report.html'}")
+    page.wait_for_selector(".sbs-root .sbs-steps .sbs-step", timeout=30_000)
+    assert page.locator(".sbs-steps .sbs-step").count() == STEPS + 1
+    assert page.locator('.sbs-step[data-step="1"]').get_attribute("data-first-open") == "true"
+    assert page.locator('.sbs-step[data-step="3"]').get_attribute("aria-pressed") == "true"
+    assert page.evaluate("() => [...document.querySelectorAll('.sbs-step')].every(c => c.disabled)")
     errors = [line for line in page.console_lines if line.startswith("pageerror")]
     assert not errors, errors
