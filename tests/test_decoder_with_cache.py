@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import sbs_widget  # noqa: E402
 from sbs_widget.engine.entry import _metadata_agreement, prepare  # noqa: E402
-from sbs_widget.load.pt2_checks import is_safe_guard  # noqa: E402
+from sbs_widget.load.guards import is_safe_guard  # noqa: E402
 from sbs_widget.load.readers import load_exported_program  # noqa: E402
 from sbs_widget.samples.decoders import (  # noqa: E402
     cache_pairs,

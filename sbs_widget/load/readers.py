@@ -23,11 +23,12 @@ import onnx
 import torch
 
 from sbs_widget.errors import InputError, LoadError, ModelMismatchError
+from sbs_widget.load.guards import drop_guards
 from sbs_widget.load.lean_onnx import InitializerFile, Malformed, read_lean
 from sbs_widget.load.onnx_checks import check_model
 from sbs_widget.load.operators import check_operators
 from sbs_widget.load.plain_files import check_regular_file, check_zip_stored
-from sbs_widget.load.pt2_checks import check_pt2, drop_guards
+from sbs_widget.load.pt2_checks import check_pt2
 from sbs_widget.load.untrusted import (
     load_data,
     load_program,
