@@ -101,3 +101,21 @@ def test_the_mapping_is_inferred_or_refused_by_name():
     with pytest.raises(InputError, match="steps"):
         ep, model, args, kwargs = _llama_without_cache()
         decode(prepare(ep, model), args, kwargs, steps=-1)
+
+
+def test_steps_stream_and_a_stop_keeps_the_steps_so_far():
+    from sbs_widget.engine.cancel import Cancel
+
+    ep, model, args, kwargs = _llama_without_cache()
+    cancel, seen = Cancel(), []
+
+    def on_step(step):
+        seen.append(step.step)
+        if step.step == 2:
+            cancel.cancel()
+
+    gen = decode(prepare(ep, model), args, kwargs, steps=8, on_step=on_step, cancel=cancel)
+    assert seen == [0, 1, 2] and [s.step for s in gen.steps] == [0, 1, 2]
+    assert gen.stopped and "before decode step 3" in gen.stopped
+    records = list(gen.run_at(2, node_local=False))
+    assert records and all(r.status != "mismatch" for r in records)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from sbs_widget.align.fx_graph import program_outputs
 from sbs_widget.dtypes import ONNX_TO_NUMPY
+from sbs_widget.engine.cancel import Cancel
 from sbs_widget.engine.entry import Prepared
 from sbs_widget.engine.fx_runner import flat_inputs
 from sbs_widget.engine.metrics import compute_errors
@@ -43,6 +44,7 @@ from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.engine.user_metrics import cosine, top_k_agreement
 from sbs_widget.errors import InputError
 from sbs_widget.load.readers import load_inputs
+from sbs_widget.records import Record
 from sbs_widget.steps.mapping import StepMapping, infer_mapping, next_inputs
 
 TOP_K = 5
@@ -91,6 +93,7 @@ class Generation:
     tolerance: Tolerance
     steps: list[Step]
     inputs: list[dict]  # torch's flat user inputs at each step (the open loop's, the lockstep's)
+    stopped: str | None = None  # why the decoding ended before its last step (stop, time limit)
 
     @property
     def first_divergence(self) -> dict[str, int | None]:
@@ -105,16 +108,23 @@ class Generation:
         flat = list(self.inputs[step].values())
         return torch.utils._pytree.tree_unflatten(flat, program.call_spec.in_spec)
 
+    def run_at(self, step: int, **options) -> Iterator[Record]:
+        """The node-by-node comparison at ``step`` (torch's inputs at that step, both sides fed them), as
+        ``Prepared.run`` yields it (``options``: its own, e.g. ``progress``, ``cancel``; node-local
+        errors on by default: the culprit finder reads them)."""
+        args, kwargs = self.kwargs_at(step)
+        atol, rtol = self.tolerance
+        options.setdefault("node_local", True)
+        return self.prepared.run(args, kwargs, atol=atol, rtol=rtol, **options)
+
     def lockstep(self, step: int, **options):
-        """The node-by-node comparison at ``step`` (torch's inputs at that step, both sides fed them),
-        and its culprits: ``(records, culprits)``."""
+        """``run_at(step)``'s records and their culprits: ``(records, culprits)``."""
         from sbs_widget.blame.culprits import find_culprits
         from sbs_widget.blame.finer import refine_culprits
 
         args, kwargs = self.kwargs_at(step)
         atol, rtol = self.tolerance
-        options.setdefault("node_local", True)
-        records = list(self.prepared.run(args, kwargs, atol=atol, rtol=rtol, **options))
+        records = list(self.run_at(step, **options))
         found = find_culprits(records, prepared=self.prepared, atol=atol, rtol=rtol)
         return records, refine_culprits(found, self.prepared, args, kwargs, atol, rtol)
 
@@ -181,13 +191,26 @@ class _Sides:
 
 def decode(prepared: Prepared, inputs=(), kwargs=None, *, steps: int = 32, atol: float | None = None,
            rtol: float | None = None, mapping: StepMapping | None = None, runtime: str | Runtime = "onnxruntime",
-           progress: Callable[[int, int], None] | None = None) -> Generation:
+           progress: Callable[[int, int], None] | None = None, on_step: Callable[[Step], None] | None = None,
+           cancel: Cancel | None = None) -> Generation:
     """Greedy decoding of ``steps`` tokens after the prompt (``inputs``/``kwargs``: the program's inputs
     at step 0), compared in a closed and an open loop (see the module's docstring)."""
-    return Generation(prepared, *_run(prepared, inputs, kwargs, steps, atol, rtol, mapping, runtime, progress))
+    hooks = _Hooks(progress, on_step, cancel or Cancel())
+    hooks.cancel.start()
+    try:
+        return Generation(prepared, *_run(prepared, inputs, kwargs, steps, atol, rtol, mapping, runtime, hooks))
+    finally:
+        hooks.cancel.finish()
 
 
-def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMapping | None, runtime, progress):
+@dataclasses.dataclass
+class _Hooks:
+    progress: Callable[[int, int], None] | None  # (steps done, total)
+    on_step: Callable[[Step], None] | None  # each step as it is judged (a live view)
+    cancel: Cancel  # checked before each step: stop, time limit
+
+
+def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMapping | None, runtime, hooks: _Hooks):
     if not isinstance(steps, int) or steps < 0:
         raise InputError(f"steps={steps!r}: pass the number of tokens to generate after the prompt (>= 0)")
     tolerance = p.tolerance(atol, rtol)
@@ -205,6 +228,8 @@ def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMappi
     done, history, closed_on, shared = [], [], True, True
     length = int(torch_in[mapping.ids].shape[1]) + (_past(mapping, torch_in) if mapping.with_cache else 0)
     for k in range(steps + 1):
+        if hooks.cancel.cancelled:  # the steps so far are kept, with why it ended
+            return mapping, tolerance, done, history, str(hooks.cancel.error(f"before decode step {k}"))
         history.append(dict(torch_in))
         logits_t = out_t[mapping.logits]
         token_t = logits_t[:, -1].argmax(-1)
@@ -213,8 +238,10 @@ def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMappi
         closed = judged(out_closed[mapping.logits]) if closed_on else None
         opened = dataclasses.replace(closed) if shared and closed is not None else judged(out_open[mapping.logits])
         done.append(Step(k, length + k, token_t.tolist(), closed, opened, shared and closed is not None))
-        if progress is not None:
-            progress(k + 1, steps + 1)
+        if hooks.on_step is not None:
+            hooks.on_step(done[-1])
+        if hooks.progress is not None:
+            hooks.progress(k + 1, steps + 1)
         closed_on = closed_on and closed.token_agreement == 1.0  # else the sides decode different texts
         if k == steps:
             break
@@ -228,7 +255,7 @@ def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMappi
         if closed_on:
             out_closed = sides.onnx(onnx_in)
         out_open = out_closed if shared else sides.onnx(torch_in)
-    return mapping, tolerance, done, history
+    return mapping, tolerance, done, history, None
 
 
 def _caches_close(mapping: StepMapping, torch_out: list, onnx_out: list, tolerance: Tolerance) -> bool:
