@@ -119,3 +119,41 @@ def test_steps_stream_and_a_stop_keeps_the_steps_so_far():
     assert gen.stopped and "before decode step 3" in gen.stopped
     records = list(gen.run_at(2, node_local=False))
     assert records and all(r.status != "mismatch" for r in records)
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_with_cache():
+    from sbs_widget.samples.decoders import export_with_cache
+
+    ep, prog, kw = export_with_cache("llama")
+    return ep, prog.model_proto, kw
+
+
+def test_a_decoder_with_its_cache_agrees_at_every_step():
+    """One program for the prompt (an empty cache) and every step (the past growing by one): the
+    mapping pairs each present with its past by order and shape, and nothing diverges."""
+    ep, model, kw = _llama_with_cache()
+    gen = decode(prepare(ep, model), (), kw, steps=8)
+    assert gen.mapping.with_cache and [name for _, name in gen.mapping.cache] == [f"cache_{i}" for i in range(4)]
+    assert gen.first_divergence == {"closed_loop": None, "open_loop": None}
+    assert all(s.open_shared for s in gen.steps[1:]), "one ONNX run per step while both loops agree"
+    prompt = kw["input_ids"].shape[1]
+    assert [s.length for s in gen.steps] == list(range(prompt, prompt + 9))
+    assert gen.inputs[5]["cache_0"].shape[2] == prompt + 4 and gen.inputs[5]["input_ids"].shape[1] == 1
+
+
+@pytest.mark.parametrize("fault", ["cache written wrong", "cache slice off by one", "rotary offset after the prompt"])
+def test_a_cache_fault_diverges_at_the_first_step_and_is_named_there(fault):
+    from sbs_widget.samples.decode_faults import DECODE_FAULTS
+
+    ep, model, kw = _llama_with_cache()
+    bad, edited = DECODE_FAULTS[fault](model)
+    p = prepare(ep, bad)
+    gen = decode(p, (), kw, steps=2)
+    assert gen.first_divergence == {"closed_loop": 1, "open_loop": 1}
+    assert gen.steps[0].open.within_tolerance, "the prompt alone shows nothing"
+    _, culprits = gen.lockstep(1)
+    first = culprits[0]
+    group = p.group(first.onnx_name) if first.onnx_name in p.index.producer else None
+    names = {first.onnx_node} | ({p.index.nodes[i].name for i in group.nodes} if group is not None else set())
+    assert names & set(edited), (first, edited)
