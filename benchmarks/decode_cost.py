@@ -8,7 +8,8 @@
 - memory: resident memory after each step (MiB above the first step), and the cache's own size: the
   growth must be the cache's, nothing kept from the steps before.
 
-    python benchmarks/decode_cost.py                        # a tiny LLaMA with its cache, 32 steps
+    python benchmarks/decode_cost.py                        # the tiny LLaMA (16 layers, hidden 64, as
+                                                            # speed_memory.py's) with its cache, 32 steps
     python benchmarks/decode_cost.py --no-cache             # exported without a cache (zoo, dynamic)
     python benchmarks/decode_cost.py --family qwen2 --steps 16
 """
@@ -71,7 +72,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="llama")
     ap.add_argument("--no-cache", action="store_true")
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=5)
