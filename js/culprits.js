@@ -25,8 +25,9 @@ export function createCulpritsPanel({ onSelect }) {
           style: { fontFamily: "var(--sbs-mono, monospace)", cursor: "pointer" },
           onclick: () => { if (Number.isInteger(c.i)) onSelect(c.i); },
         });
-        const fx = c.ep_name ? ` (FX ${visible(c.ep_name)})` : "";
-        list.append(h("li", { "data-i": String(c.i) }, name, h("span", { class: "sbs-muted", text: `${fx} score ${fmt(c.score)}: ` }), h("span", { text: visible(c.reason || "", true) })));
+        const fx = (c.ep_name ? ` (FX ${visible(c.ep_name)})` : "") +
+          (Number.isInteger(c.count) ? `, named on ${c.count} of ${c.n_inputs ?? "?"} inputs` : ""); // input sets: grouped
+        list.append(h("li", { "data-i": String(c.i), "data-count": Number.isInteger(c.count) ? String(c.count) : null }, name, h("span", { class: "sbs-muted", text: `${fx} score ${fmt(c.score)}: ` }), h("span", { text: visible(c.reason || "", true) })));
       }
     },
   };

@@ -78,7 +78,7 @@ export const isNoise = (row) => row.status === "noise" || row.noise === true;
 
 /** Indices of the rows passing `filter`:
  *  {text: "words all present in names/op/target/module, \"quoted\" ones equal to one", beyond: bool, hideNoise: bool, col: "err_abs",
- *   min, max, status} */
+ *   min, max, status, inputDependent: bool (input sets: the pairs beyond tolerance on some inputs only)} */
 export function filterIndex(rows, filter = {}, tol = {}) {
   const terms = parseSearch(filter.text);
   const col = filter.col || "err_abs";
@@ -90,6 +90,7 @@ export function filterIndex(rows, filter = {}, tol = {}) {
     const row = rows[k];
     if (filter.status && row.status !== filter.status) continue;
     if (filter.hideNoise && isNoise(row)) continue;
+    if (filter.inputDependent && row["spread:input_dependent"] !== true) continue; // input sets: js/sets.js
     if (terms.length) {
       let ok = true;
       for (const w of terms) if (w.exact ? !exactNames(row).has(w.text) : !searchText(row).includes(w.text)) { ok = false; break; }

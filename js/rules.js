@@ -1,11 +1,11 @@
 // The rules the view shares with the kernel, applied to the data of spec.gen.js (generated from
 // sbs_widget/shared_rules.py, where each rule's Python twin lives and the colour scale is
 // explained). tests/test_shared_rules.py feeds the same records to both and compares the answers.
-import { COLOR_SCALE, EXACT_ELEM_TYPES, METRIC_PREFIX, NO_VERDICT, NUMERIC_COLUMNS, SEVERITY, SHAPE_TYPE } from "./spec.gen.js";
+import { COLOR_SCALE, EXACT_ELEM_TYPES, METRIC_PREFIX, NO_VERDICT, NUMERIC_COLUMNS, SEVERITY, SHAPE_TYPE, SPREAD_NUMERIC, SPREAD_PREFIX } from "./spec.gen.js";
 
-export { BROADCAST, GRAPH_SPEC_MARKER, HISTOGRAM_EDGES, MESSAGES, METRIC_PREFIX, NON_FINITE, ROW_COLUMNS, SEVERITY, STATUSES } from "./spec.gen.js";
+export { BROADCAST, GRAPH_SPEC_MARKER, HISTOGRAM_EDGES, MESSAGES, METRIC_PREFIX, NON_FINITE, ROW_COLUMNS, SEVERITY, SPREAD_PREFIX, STATUSES } from "./spec.gen.js";
 
-const NUMERIC = new Set(NUMERIC_COLUMNS);
+const NUMERIC = new Set([...NUMERIC_COLUMNS, ...SPREAD_NUMERIC.map((f) => SPREAD_PREFIX + f)]); // the spread's too (input sets)
 const EXACT = new Set(EXACT_ELEM_TYPES);
 const SHAPE = new RegExp(SHAPE_TYPE);
 

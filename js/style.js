@@ -2,6 +2,7 @@
 // the offline report page alike). Colours come from the host page's variables (js/theme.js).
 import { themeCSS } from "./theme.js";
 import { STEPS_CSS } from "./steps.js";
+import { SETS_CSS } from "./sets.js";
 
 export const ROW_HEIGHT = 22;
 export const VIEW_HEIGHT = 396; // 18 rows
@@ -143,4 +144,5 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-reset input[type=text] { width: 220px; font-family: var(--sbs-mono); }
 .sbs-graphs-box > summary { cursor: pointer; color: var(--sbs-fg2); }
 .sbs-graphs-host { min-height: 40px; }
-${STEPS_CSS}`;
+${STEPS_CSS}
+${SETS_CSS}`;

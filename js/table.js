@@ -5,6 +5,7 @@ import { h, clear } from "./dom.js";
 import { fmtErr, fmtInt, fmtMetric, visible } from "./format.js";
 import { isMetric, metricName } from "./rules.js";
 import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
+import { isInputDependent, spreadColumns } from "./sets.js";
 
 const OVERSCAN = 6;
 
@@ -34,12 +35,15 @@ export function metricColumn(key) {
     title: `${name}: a metric asked for with metrics=, measured beside the verdict (it judges nothing)` };
 }
 
-/** The table's columns for the model's `columns`: the fixed ones, each metric's before "module". */
+/** The table's columns for the model's `columns`: the fixed ones, each metric's before "module", the
+ *  spread's of input sets (js/sets.js) after "err_abs". */
 export function tableColumns(keys = []) {
   const metrics = keys.filter(isMetric).map(metricColumn);
-  if (!metrics.length) return COLUMNS;
+  const spread = spreadColumns(keys);
+  if (!metrics.length && !spread.length) return COLUMNS;
   const at = COLUMNS.findIndex((c) => c.key === "module");
-  return [...COLUMNS.slice(0, at), ...metrics, ...COLUMNS.slice(at)];
+  const err = COLUMNS.findIndex((c) => c.key === "err_abs") + 1;
+  return [...COLUMNS.slice(0, err), ...spread, ...COLUMNS.slice(err, at), ...metrics, ...COLUMNS.slice(at)];
 }
 
 /** Width of the "#" column for `n` rows: 44px up to 999, then as wide as the largest index written
@@ -55,6 +59,7 @@ function cellText(col, row, child) {
   if (child && col.key === "ep_name" && typeof v === "string" && v.startsWith(`${row.inner_of}::`)) {
     return visible(v.slice(row.inner_of.length + 2));
   }
+  if (col.text) return col.text(row); // a column that writes its own text (the spread's: js/sets.js)
   if (col.err) return fmtErr(v);
   if (col.metric) return fmtMetric(v);
   if (col.key === "i") return fmtInt(v);
@@ -121,7 +126,7 @@ export function createTable(opts) {
   let nest = null; // {nesting, matched, open} from rows.js nestIndex, null when nothing nests
   const pool = [];
 
-  const cellClass = (col) => (col.num ? "sbs-num" : col.key === "_inner" ? "sbs-inside" : col.key === "ep_name" ? "sbs-fxname" : "");
+  const cellClass = (col) => (col.cls ? col.cls : col.num ? "sbs-num" : col.key === "_inner" ? "sbs-inside" : col.key === "ep_name" ? "sbs-fxname" : "");
   function buildHead() {
     clear(head);
     for (const col of cols) {
@@ -162,6 +167,8 @@ export function createTable(opts) {
     rowEl.classList.toggle("sbs-selected", on);
     rowEl.classList.toggle("sbs-focus", k === focus);
     rowEl.setAttribute("aria-selected", on ? "true" : "false");
+    if (isInputDependent(row)) rowEl.dataset.inputDependent = "true";
+    else delete rowEl.dataset.inputDependent;
     const child = paintInner(rowEl, k, row);
     for (let c = 1; c < cols.length; c++) {
       if (c === INNER) continue;

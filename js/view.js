@@ -18,6 +18,7 @@ import { createResetPanel } from "./reset.js";
 import { createCulpritsPanel } from "./culprits.js";
 import { CHECK_DEPLOYED, createDeployedBanner } from "./deployed.js";
 import { STEP_MESSAGE, createStepStrip } from "./steps.js";
+import { INPUT_MESSAGE, createSetsPanel } from "./sets.js";
 import { toCSV } from "./csv.js";
 import { detectHost } from "./theme.js";
 
@@ -58,7 +59,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const on = (event, fn) => { model.on(event, fn); disposers.push(() => model.off(event, fn)); };
 
   let shown = model.get("run_id");
-  let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "" };
+  let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "", inputDependent: false };
   let sort = { key: null, dir: 1 };
   let index = new Uint32Array(0); // the rows drawn, in screen order (inner rows of closed parents left out)
   let flat = index; // every row the filters select, in the same order (CSV, view_rows)
@@ -169,6 +170,12 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     strip.update(decoding, { live, shownStep: shownStep(), stepRuns });
   };
   const shownStep = () => stepOfRun(shown);
+  // input sets (issue 50, item 4): the spread panel above the table; picking an input asks for its run
+  const sets = createSetsPanel({
+    onInput: (k) => model.send({ type: INPUT_MESSAGE, input: k }),
+    onFilter: () => readFilter(),
+  });
+  const updateSets = () => sets.update(model.get("input_spread"), { live, shownInput: (meta()[shown] || {}).input ?? null, row: focus >= 0 ? rowsShown()[focus] : null });
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
@@ -179,6 +186,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     prog.message,
     deployed.el,
     strip.el,
+    sets.el,
     h("div", { class: "sbs-bar" },
       search, h("label", {}, beyond, "only beyond tolerance"),
       h("label", { title: "hide the pairs whose difference is rounding: onnxruntime about as close to a float64 reference as torch (status noise, and reset pairs that were noise)" }, hideNoise, "hide noise"),
@@ -257,6 +265,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     table.setSelection(selection, focus, reveal);
     showDetail();
     if (focus >= 0) for (const cb of selectListeners) cb(focus);
+    updateSets();
     schedulePublish();
   }
 
@@ -316,7 +325,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   }
 
   function readFilter() {
-    filter = { text: search.value, beyond: beyond.checked, hideNoise: hideNoise.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value };
+    filter = { text: search.value, beyond: beyond.checked, hideNoise: hideNoise.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value, inputDependent: sets.onlyDependent() };
     refresh();
   }
   for (const input of [search, minIn, maxIn]) input.addEventListener("input", readFilter);
@@ -360,6 +369,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     refresh();
     updateRtolNote();
     updateStrip();
+    updateSets();
   }
   function updateRuns() {
     const ids = new Set(meta().map((m) => m.id));
@@ -368,7 +378,8 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     runSel.replaceChildren(...[...ids].sort((a, b) => a - b).map((id) => {
       const m = meta()[id];
       const step = Number.isInteger(m?.step) ? m.step : id === latest ? stepOfRun(id) : null; // a decode step's lockstep
-      const label = `run #${id}${Number.isInteger(step) ? ` · step ${step}` : ""}${m && m.reset_names.length ? ` · reset ${m.reset_names.length}` : ""}`;
+      const input = Number.isInteger(m?.input) ? ` · input #${m.input}` : ""; // input sets: an input's own records
+      const label = `run #${id}${Number.isInteger(step) ? ` · step ${step}` : ""}${input}${m && m.reset_names.length ? ` · reset ${m.reset_names.length}` : ""}`;
       return h("option", { value: String(id), text: label, selected: id === shown });
     }));
     runSel.hidden = ids.size < 2;
@@ -431,10 +442,11 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
 
   on("change:progress", () => { updateStatus(); request(progress().run); updateStrip(); });
   on("change:decoding", updateStrip);
+  on("change:input_spread", updateSets);
   on("change:status", updateStatus);
   on("change:message", updateStatus);
   on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });
-  on("change:runs_meta", () => { updateStrip(); updateRtolNote(); updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
+  on("change:runs_meta", () => { updateStrip(); updateSets(); updateRtolNote(); updateRuns(); request(shown); updateDeployed(); renderCompare(compareEl, model.get("compare"), meta()); });
   on("change:compare", () => renderCompare(compareEl, model.get("compare"), meta()));
   on("change:reset_names", () => { reset.update(running()); table.repaint(); });
   on("change:columns", () => { updateColumns(); refresh(); });
@@ -480,6 +492,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   renderCompare(compareEl, model.get("compare"), meta());
   culprits.update(model.get("culprits"));
   updateStrip();
+  updateSets();
   updateStatus();
   refresh();
   request(shown);

@@ -62,6 +62,18 @@ NUMERIC_COLUMNS = ("i",) + tuple(
     f.name for f in dataclasses.fields(Record) if str(f.type).startswith(("int", "float")))
 """Columns holding numbers: a string there is a non-finite number (see ``NON_FINITE``)."""
 
+SPREAD_PREFIX = "spread:"
+"""The view's key of a spread column (``spread:err_abs_max``): the figures of a pair across the input sets of
+``SbsWidget.from_input_sets`` (``views/sets_view.py``), after the metrics in each encoded row."""
+
+SPREAD_FIELDS = ("err_abs_max", "err_abs_median", "n_beyond", "n_inputs", "worst_input", "worst_label",
+                 "input_dependent")
+"""The spread columns, in order (``steps.input_spread.PairSpread`` fields, the worst input's label and
+whether the pair is input-dependent): each prefixed with ``SPREAD_PREFIX``."""
+
+SPREAD_NUMERIC = ("err_abs_max", "err_abs_median", "n_beyond", "n_inputs", "worst_input")
+"""The spread columns holding numbers (a string there is a non-finite number)."""
+
 NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 """JSON has no NaN/Infinity: they travel as these strings, which JS ``Number()`` reads back."""
 
@@ -71,7 +83,7 @@ BROADCAST = 6
 GRAPH_SPEC_MARKER = "sbs-graph-spec "
 """Starts the DOT comment (``// sbs-graph-spec {json}``) that carries a graph's structure to the view."""
 
-MESSAGES = {"get_rows": "get_rows", "rows": "rows", "rerun": "rerun", "stop": "stop", "step": "step"}
+MESSAGES = {"get_rows": "get_rows", "rows": "rows", "rerun": "rerun", "stop": "stop", "step": "step", "input": "input"}
 """Custom messages between the view and the kernel (``content["type"]``)."""
 
 COLOR_SCALE = {
@@ -106,6 +118,9 @@ SPEC = {
     "ROW_COLUMNS": ROW_COLUMNS,
     "NUMERIC_COLUMNS": NUMERIC_COLUMNS,
     "METRIC_PREFIX": METRIC_PREFIX,
+    "SPREAD_PREFIX": SPREAD_PREFIX,
+    "SPREAD_FIELDS": SPREAD_FIELDS,
+    "SPREAD_NUMERIC": SPREAD_NUMERIC,
     "NON_FINITE": NON_FINITE,
     "BROADCAST": BROADCAST,
     "GRAPH_SPEC_MARKER": GRAPH_SPEC_MARKER,
@@ -139,6 +154,11 @@ def is_exact(record) -> bool:
 def metric_columns(names) -> list[str]:
     """The view's column keys of the metrics ``names`` (``METRIC_PREFIX`` + name), in order."""
     return [METRIC_PREFIX + name for name in names]
+
+
+def spread_columns() -> list[str]:
+    """The view's column keys of the spread (``SPREAD_PREFIX`` + field), in order."""
+    return [SPREAD_PREFIX + name for name in SPREAD_FIELDS]
 
 
 def worse(paint: tuple | None, err: float | None, status: str) -> tuple:

@@ -18,6 +18,7 @@ from sbs_widget.shared_rules import SEVERITY
 from sbs_widget.views.rows import error_key
 
 WORST_ROWS = 15  # pairs listed: the most severe, then the largest errors
+SPREAD_ROWS = 15  # input sets: the pairs whose spread is listed
 _COLUMNS = (("status", "status"), ("FX node", "ep_name"), ("ONNX value", "onnx_name"), ("op", "onnx_op_type"),
             ("err_abs", "err_abs"), ("min atol", "min_atol"), ("comment", "comment"))
 
@@ -109,12 +110,33 @@ def steps_html(state: dict | None) -> str:
     return "\n".join(parts)
 
 
+def spread_html(sets, limit: int = SPREAD_ROWS) -> str:
+    """The spread as an escaped plain table for the static fallback: the input-dependent pairs first."""
+    if sets is None:
+        return ""
+    pairs = sets.input_dependent + [p for p in sets.pairs if p.n_beyond and not p.input_dependent]
+    head = (f"<p><b>Input sets</b>: {len(sets)} compared, {len(sets.input_dependent)} input-dependent pair(s) "
+            "(beyond tolerance on some inputs only)</p>")
+    if not pairs:
+        return head
+    cols = ("FX node", "ONNX value", "op", "err_abs max", "err_abs median", "beyond", "worst input",
+            "input-dependent")
+    parts = [head, "<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr></thead><tbody>"]
+    for p in pairs[:limit]:
+        worst = "" if p.worst_input is None else f"#{p.worst_input} {sets.labels[p.worst_input]}"
+        cells = (p.ep_name, p.onnx_name, p.onnx_op_type, p.err_abs_max, p.err_abs_median,
+                 f"{p.n_beyond} of {p.n_inputs}", worst, "yes" if p.input_dependent else "")
+        parts.append("<tr>" + "".join(f"<td>{_e(_cell(v))}</td>" for v in cells) + "</tr>")
+    parts.append("</tbody></table>")
+    return "\n".join(parts)
+
+
 def fallback_html(*, title: str, run_id: int, status: str, records: list, summary_lines: list[str],
                   culprits: list[dict], atol: float, rtol: float, reset_names=(), deployed: dict | None = None,
-                  decoding: dict | None = None, step: int | None = None) -> str:
+                  decoding: dict | None = None, step: int | None = None, spread: str = "") -> str:
     """The static fallback of a run (``status``: the widget's; ``culprits``: its culprit dicts;
     ``deployed``: the as-deployed check's state; ``decoding``: the decode steps' state, ``step``: the
-    step whose lockstep the run is)."""
+    step whose lockstep the run is; ``spread``: ``spread_html`` of the input sets)."""
     head = f"sbs_widget{': ' + title if title else ''}"
     parts = [f"<div class=\"sbs-widget-fallback\"><p><b>{_e(head)}</b> (static copy: the interactive view needs a "
              "running kernel)</p>"]
@@ -129,6 +151,8 @@ def fallback_html(*, title: str, run_id: int, status: str, records: list, summar
     strip = steps_html(decoding)
     if strip:
         parts.append(strip)
+    if spread:
+        parts.append(spread)
     if status in ("running", "preparing", "idle"):
         parts.append("<p>The run had not ended when this output was produced. Display the widget after "
                      "<code>w.wait()</code>, or write <code>w.save_html(path)</code>, for a complete static copy.</p>")
@@ -166,7 +190,8 @@ def widget_fallback(widget) -> str:
                          summary_lines=lines, culprits=list(widget.culprits) if widget.status == "done" else [],
                          atol=widget.atol, rtol=widget.rtol, reset_names=widget.reset_names,
                          deployed=dict(widget.deployed), decoding=dict(widget.decoding),
-                         step=None if run is None else run.step)
+                         step=None if run is None else run.step,
+                         spread=spread_html(getattr(widget, "input_sets", None)))
 
 
 class StaticFallback:

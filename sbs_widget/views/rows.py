@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.records import RESET, Record
@@ -37,22 +37,26 @@ def run_metrics(metrics) -> tuple[object, list[str]]:
     return (metrics if names else None), names
 
 
-def encode_rows(records: Sequence[Record], metrics: Sequence[str] = ()) -> bytes:
+def encode_rows(records: Sequence[Record], metrics: Sequence[str] = (),
+                extra: Callable[[Record], list] | None = None) -> bytes:
     """UTF-8 JSON of ``[[v, ...], ...]``, one array per record in ``columns_of(metrics)`` order: its
-    ``ROW_COLUMNS`` values, then the figure of each metric (null where the record has none)."""
+    ``ROW_COLUMNS`` values, then the figure of each metric (null where the record has none), then
+    ``extra(record)``'s values when given (the spread columns of input sets: ``views/sets_view.py``)."""
     rows = []
     for r in records:
         row = [json_value(getattr(r, name)) for name in ROW_COLUMNS]
         if metrics:
             figures = r.metrics or {}
             row += [json_value(figures.get(name)) for name in metrics]
+        if extra is not None:
+            row += [json_value(v) for v in extra(r)]
         rows.append(row)
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def decode_rows(payload: bytes, metrics: Sequence[str] = ()) -> list[dict]:
-    """Inverse of ``encode_rows`` as dicts keyed by ``columns_of(metrics)`` (tests and reports)."""
-    columns = columns_of(metrics)
+def decode_rows(payload: bytes, metrics: Sequence[str] = (), extra: Sequence[str] = ()) -> list[dict]:
+    """Inverse of ``encode_rows`` as dicts keyed by ``columns_of(metrics)`` then ``extra`` (tests, reports)."""
+    columns = columns_of(metrics) + list(extra)
     return [dict(zip(columns, row)) for row in json.loads(payload.decode("utf-8"))]
 
 

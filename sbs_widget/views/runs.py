@@ -42,6 +42,7 @@ class Run:
     rtol: float
     node_local: bool = False
     step: int | None = None  # a decode step: the lockstep comparison on torch's inputs at that step
+    input: int | None = None  # input sets (views/sets_view.py): the input set whose records these are
     records: list[Record] = field(default_factory=list)
     status: str = RUNNING
     error: str = ""
@@ -87,6 +88,7 @@ class Run:
             "worst_name": "" if w is None else (w.ep_name or w.onnx_name or ""),
             "error": self.error,
             "step": self.step,
+            "input": self.input,
         }
 
 

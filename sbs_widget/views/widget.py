@@ -24,10 +24,11 @@ from sbs_widget.records import metric_names, to_dataframe
 from sbs_widget.shared_rules import MESSAGES
 from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
 from sbs_widget.views.fallback import StaticFallback
-from sbs_widget.views.rows import ROW_COLUMNS, columns_of, encode_rows, run_metrics
+from sbs_widget.views.rows import ROW_COLUMNS, columns_of, run_metrics
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
+from sbs_widget.views.sets_view import INPUT_MESSAGE, InputSetsView
 from sbs_widget.views.steps_view import STEP_MESSAGE, DecodeSteps
-from sbs_widget.views.view_state import compare_state, culprits_state, finished_run, progress_state
+from sbs_widget.views.view_state import compare_state, finished_run, progress_state
 
 if TYPE_CHECKING:
     from sbs_widget.engine.entry import Prepared
@@ -44,7 +45,7 @@ def _names_from_json(value, widget):
     return set(value or ())
 
 
-class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
+class SbsWidget(InputSetsView, DecodeSteps, StaticFallback, anywidget.AnyWidget):
     """Compare ``ep`` (torch.export program or .pt2 path) with ``onx`` (ONNX model or path) live.
 
     ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
@@ -55,6 +56,8 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
     naming the node it was at (the records so far are kept).
     ``steps``: decode that many tokens after the prompt on both sides first, shown as a strip of steps
     above the table (``views/steps_view.py``: ``w.steps``, ``w.step_records(k)``, ``w.show_step(k)``).
+    ``SbsWidget.from_input_sets(ep, onx, [set1, set2, ...])``: every input set compared, the spread of each pair
+    as columns (``views/sets_view.py``: ``w.input_sets``, ``w.spread_dataframe()``, ``w.show_input(k)``).
     ``metrics``: figures measured beside the verdict on every pair (``"cosine"``, ``"sqnr_db"``, ``"top5"``,
     callables, a dict name -> either: ``engine/user_metrics.py``), each a sortable column of the table, the
     DataFrame and the CSV; a bad one raises ``InputError``. An ``atol`` edit re-judges the rows element-wise
@@ -97,6 +100,7 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
     # the as-deployed check (check_deployed, views/deployed_check.py): status, message, result
     deployed = traitlets.Dict().tag(sync=True)
     decoding = traitlets.Dict().tag(sync=True)  # the decode steps (steps=, decode(): views/steps_view.py)
+    input_spread = traitlets.Dict().tag(sync=True)  # input sets (from_input_sets: views/sets_view.py)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
@@ -347,6 +351,8 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
             warnings.warn(f"graphs unavailable: {type(e).__name__}: {e}", SbsWidgetWarning, stacklevel=2)
 
     def _start_run(self, run: Run, progress, cancel):
+        if self._sets_options is not None:  # from_input_sets: every input set (views/sets_view.py)
+            return self._start_sets_run(run, progress, cancel)
         prepared = self._prepare()
         if any(self._default_tolerance):  # the first run settles them; the user's edits stand after
             auto_atol, auto_rtol = self._default_tolerance
@@ -369,7 +375,7 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
             n = len(run.records)
             if n > start:
                 self.send({"type": MESSAGES["rows"], "run": run.id, "start": start},
-                          [encode_rows(run.records[start:n], self._metric_names)])
+                          [self._encode_rows(run, run.records[start:n])])
                 self._sent[run.id] = n
             current = bool(self._runs) and run is self._runs[-1]
             if current:
@@ -402,10 +408,6 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
         elif runs and runs[-1].finished:
             self._update_compare()
 
-    def _update_culprits(self, run: Run) -> None:
-        args, kwargs = self._inputs_of(run)
-        self.culprits = culprits_state(run, self._prepared, None if self._ep is None else args, kwargs)
-
     def export_repro(self, name, folder):
         """Write a repro bundle of ``name`` (a culprit's ONNX value, an ONNX node or FX node name, or a
         ``Culprit``) into ``folder``; see ``sbs_widget.export_repro``."""
@@ -432,6 +434,8 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
             self.check_deployed()
         elif kind == STEP_MESSAGE:
             self._on_step_message(content)
+        elif kind == INPUT_MESSAGE:
+            self._on_input_message(content)
 
     def _send_page(self, run_id: int, start: int, limit: int = PAGE_ROWS) -> None:
         if not 0 <= run_id < len(self._runs):
@@ -439,4 +443,4 @@ class SbsWidget(DecodeSteps, StaticFallback, anywidget.AnyWidget):
         records = self._runs[run_id].records
         stop = min(len(records), start + limit)
         self.send({"type": MESSAGES["rows"], "run": run_id, "start": start, "reply": True},
-                  [encode_rows(records[start:stop], self._metric_names)])
+                  [self._encode_rows(self._runs[run_id], records[start:stop])])
