@@ -15,37 +15,20 @@ import onnx
 import pandas as pd
 import pytest
 import torch
-from engine_models import export_module
+from sets_models import LENGTHS, Net, length_fault
 
-from sbs_widget.samples import faults
 from sbs_widget.steps.input_sets import compare_input_sets, dump_calls, normalize_input_set
-
-LENGTHS = (4, 8, 12, 16)
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc1, self.fc2, self.norm = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)
-
-    def forward(self, x):
-        return self.norm(self.fc2(torch.relu(self.fc1(x))) + x)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(ep, faulty ModelProto, folder with program.pt2, bad.onnx and good.onnx, the input sets)."""
     folder = tmp_path_factory.mktemp("input_sets")
-    x = torch.randn(2, 12, 16)
-    ep, prog = export_module(Net().eval(), (x,), dynamic_shapes={"x": {1: torch.export.Dim("seq", max=256)}})
-    bad = faults.zero_beyond(prog.model_proto, "relu", length=8)
+    ep, prog, bad, sets = length_fault()
     onnx.checker.check_model(bad)
     torch.export.save(ep, folder / "program.pt2")
     onnx.save(bad, folder / "bad.onnx")
     onnx.save(prog.model_proto, folder / "good.onnx")
-    gen = torch.Generator().manual_seed(3)
-    sets = [(torch.randn(2, s, 16, generator=gen),) for s in LENGTHS]
     return ep, bad, folder, sets
 
 

@@ -10,35 +10,18 @@ import json
 import time
 
 import pytest
-import torch
-from engine_models import export_module
+from sets_models import LENGTHS, length_fault
 
 from sbs_widget.errors import InputError
-from sbs_widget.samples import faults
 from sbs_widget.shared_rules import spread_columns
 from sbs_widget.views.rows import decode_rows
 from sbs_widget.views.widget import SbsWidget
 
-LENGTHS = (4, 8, 12, 16)
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc1, self.fc2, self.norm = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)
-
-    def forward(self, x):
-        return self.norm(self.fc2(torch.relu(self.fc1(x))) + x)
-
 
 @pytest.fixture(scope="module")
 def pair():
-    x = torch.randn(2, 12, 16)
-    ep, prog = export_module(Net().eval(), (x,), dynamic_shapes={"x": {1: torch.export.Dim("seq", max=256)}})
-    bad = faults.zero_beyond(prog.model_proto, "relu", length=8)
-    gen = torch.Generator().manual_seed(3)
-    return ep, bad, [(torch.randn(2, s, 16, generator=gen),) for s in LENGTHS]
+    ep, _, bad, sets = length_fault()
+    return ep, bad, sets
 
 
 @pytest.fixture(scope="module")

@@ -237,8 +237,9 @@ def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4)
     The file appears complete or not at all (written aside, then renamed). CSV and xlsx string cells
     are neutralised (``safe_text.spreadsheet_cell``): no formula, no control character; parquet and
     html keep the names exact (typed columns; the page renders text, never markup)."""
+    from sbs_widget.cli.options import write_table
     from sbs_widget.records import to_dataframe
-    from sbs_widget.safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
+    from sbs_widget.safe_text import atomic_path
 
     ext = os.path.splitext(path)[1].lower()
     if ext not in WRITERS:
@@ -254,10 +255,5 @@ def write_records(records, path: str, *, atol: float = 1e-4, rtol: float = 1e-4)
 
             write_html_report(records, tmp, atol=atol, rtol=rtol)
             return
-        df = to_dataframe(records).drop(columns=["histogram"])
-        if ext == ".csv":
-            spreadsheet_frame(df).to_csv(tmp, index=False)
-        elif ext == ".xlsx":
-            spreadsheet_frame(df, XLSX_MAX_CELL).to_excel(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
+        write_table(to_dataframe(records).drop(columns=["histogram"]), tmp, ext)
+

@@ -50,14 +50,8 @@ def compare_sets(args) -> int:
 def write_spread(result, path: str) -> None:
     """One row per pair (``InputSets.to_dataframe``), the file complete or not at all; CSV and xlsx cells
     neutralised as ``write_records`` does."""
-    from sbs_widget.safe_text import XLSX_MAX_CELL, atomic_path, spreadsheet_frame
+    from sbs_widget.cli.options import write_table
+    from sbs_widget.safe_text import atomic_path
 
-    ext = os.path.splitext(path)[1].lower()
-    df = result.to_dataframe()
     with atomic_path(path) as tmp:
-        if ext == ".csv":
-            spreadsheet_frame(df).to_csv(tmp, index=False)
-        elif ext == ".xlsx":
-            spreadsheet_frame(df, XLSX_MAX_CELL).to_excel(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
+        write_table(result.to_dataframe(), tmp, os.path.splitext(path)[1].lower())

@@ -151,3 +151,15 @@ def add_runtime(p: argparse.ArgumentParser) -> None:
 def add_time_limit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=cli_time_limit, default=None, metavar="SECONDS",
                    help="end the run after this long (the records so far are written; exit code: see below)")
+
+
+def write_table(df, tmp: str, ext: str) -> None:
+    """``df`` as .csv or .xlsx (string cells neutralised: ``safe_text.spreadsheet_cell``) or .parquet."""
+    from sbs_widget.safe_text import XLSX_MAX_CELL, spreadsheet_frame
+
+    if ext == ".csv":
+        spreadsheet_frame(df).to_csv(tmp, index=False)
+    elif ext == ".xlsx":
+        spreadsheet_frame(df, XLSX_MAX_CELL).to_excel(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
