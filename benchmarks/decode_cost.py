@@ -79,6 +79,7 @@ def main() -> int:
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     import onnxruntime
+    import torch
 
     from sbs_widget.engine.entry import prepare
     from sbs_widget.engine.fx_runner import flat_inputs
@@ -117,6 +118,12 @@ def main() -> int:
         lockstep.append(time.perf_counter() - begin)
     cache_mib = sum(t.numel() * t.element_size() for name, t in gen.inputs[-1].items()
                     if any(name == n for _, n in gen.mapping.cache)) / 2**20
+    held = {}  # every tensor the decoding keeps for the steps' inputs, counted once per storage
+    for k in range(len(gen.inputs)):
+        for t in gen.inputs[k].values():
+            if isinstance(t, torch.Tensor):
+                held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    held_mib = sum(held.values()) / 2**20
     med = statistics.median
     print(f"model: {'no cache' if a.no_cache else a.family + ' with its cache'}, {a.layers} layers, hidden "
           f"{a.hidden}, {a.steps} steps; first divergence {gen.first_divergence}")
@@ -128,6 +135,8 @@ def main() -> int:
     print(f"resident memory above step 0 at steps 1, {a.steps // 2}, {a.steps}: "
           f"{last[1] - last[0]:.1f}, {last[a.steps // 2] - last[0]:.1f}, {last[-1] - last[0]:.1f} MiB; "
           f"the cache at the last step: {cache_mib:.2f} MiB")
+    print(f"the inputs of all {len(gen.inputs)} steps, kept for the lockstep on demand: {held_mib:.2f} MiB "
+          f"(a past step's cache is a view of the newest)")
     return 0
 
 

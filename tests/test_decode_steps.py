@@ -140,6 +140,9 @@ def test_a_decoder_with_its_cache_agrees_at_every_step():
     prompt = kw["input_ids"].shape[1]
     assert [s.length for s in gen.steps] == list(range(prompt, prompt + 9))
     assert gen.inputs[5]["cache_0"].shape[2] == prompt + 4 and gen.inputs[5]["input_ids"].shape[1] == 1
+    # memory flat over the steps: a past step's cache is a view of the newest one, not a tensor of its own
+    newest = gen.inputs[-1]["cache_0"].untyped_storage().data_ptr()
+    assert all(gen.inputs[k]["cache_0"].untyped_storage().data_ptr() == newest for k in range(1, 9))
 
 
 @pytest.mark.parametrize("fault", ["cache written wrong", "cache slice off by one", "rotary offset after the prompt"])
@@ -157,3 +160,22 @@ def test_a_cache_fault_diverges_at_the_first_step_and_is_named_there(fault):
     group = p.group(first.onnx_name) if first.onnx_name in p.index.producer else None
     names = {first.onnx_node} | ({p.index.nodes[i].name for i in group.nodes} if group is not None else set())
     assert names & set(edited), (first, edited)
+
+
+def test_steps_compared_in_worker_processes_single_out_what_changes_past_the_prompt():
+    """``compare_steps`` sends each step's inputs to worker processes (spawned, the pair prepared there
+    from files): the prompt is clean, the steps after it are not, and the grouped culprits name the
+    edited node at those steps."""
+    from sbs_widget.samples.decode_faults import DECODE_FAULTS
+
+    ep, model, kw = _llama_with_cache()
+    bad, edited = DECODE_FAULTS["cache slice off by one"](model)
+    gen = decode(prepare(ep, bad), (), kw, steps=2)
+    spread = gen.compare_steps(max_workers=2)
+    assert spread.labels == ["step 0", "step 1", "step 2"] and spread.errors == [None] * 3
+    assert all(r.status != "mismatch" for r in spread.records[0]), "the prompt alone shows nothing"
+    assert all(any(r.status == "mismatch" for r in spread.records[k]) for k in (1, 2))
+    assert spread.input_dependent and all(0 not in p.beyond_inputs for p in spread.input_dependent)
+    assert spread.culprits[0].onnx_node in set(edited) and set(spread.culprits[0].inputs) <= {1, 2}
+    with pytest.raises(InputError, match="steps \\[5\\]"):
+        gen.compare_steps([5], max_workers=0)

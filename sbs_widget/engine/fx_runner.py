@@ -3,8 +3,10 @@ one step per node, timing per node, and the caller decides when values are freed
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import weakref
 
 import torch
 from torch.fx.immutable_collections import immutable_list
@@ -43,13 +45,55 @@ def flat_inputs(program: torch.export.ExportedProgram, args: tuple, kwargs: dict
     """Values for the graph's placeholders, in order: parameters, buffers, constants, user inputs."""
     args, kwargs = positional_by_name(program, args, kwargs)
     try:
-        return list(program._graph_module_flat_inputs(args, kwargs))
+        with _constraints_checked_once(program, args, kwargs):
+            return list(program._graph_module_flat_inputs(args, kwargs))
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         names = list(program.graph_signature.user_inputs)
         raise InputError(
             f"inputs do not match the exported program's signature ({e}); it expects "
             f"{len(names)} user inputs: {names}"
         ) from e
+
+
+# Per program, the input signatures (shapes, dtypes, scalar values) whose range constraints held:
+# torch checks them with sympy on every call (25 ms on a 16-layer decoder with its cache, more than a
+# step's forward), and they depend on nothing else.
+_CHECKED: "weakref.WeakKeyDictionary[torch.export.ExportedProgram, set]" = weakref.WeakKeyDictionary()
+_CHECKED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _constraints_checked_once(program: torch.export.ExportedProgram, args: tuple, kwargs: dict):
+    """Skips torch's input-constraint check where the same signature passed it before (the tree spec
+    is still compared on every call)."""
+    key = _input_signature(args, kwargs)
+    with _CHECKED_LOCK:
+        seen = _CHECKED.setdefault(program, set())
+        if key is None or key not in seen:
+            yield
+            if key is not None:
+                seen.add(key)
+            return
+        program._check_input_constraints = lambda *_: None  # (an instance attribute shadows the method)
+        try:
+            yield
+        finally:
+            del program._check_input_constraints
+
+
+def _input_signature(args: tuple, kwargs: dict) -> tuple | None:
+    """What the range constraints read of the inputs; None where a leaf is neither a tensor nor a plain
+    scalar (no memo then)."""
+    leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    key = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            key.append((leaf.dtype, tuple(leaf.shape), leaf.device.type))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            key.append((type(leaf), leaf))
+        else:
+            return None
+    return tuple(key)
 
 
 def check_inputs(program: torch.export.ExportedProgram, flat: list) -> None:

@@ -89,18 +89,24 @@ def top_k_agreement(k: int) -> Metric:
     """The share of rows (last axis) whose ``k`` largest entries are the same set on both sides."""
 
     def top(e: np.ndarray, g: np.ndarray) -> float:
-        e = np.asarray(e, dtype=np.float64)
-        g = np.asarray(g, dtype=np.float64)
+        e, g = np.asarray(e), np.asarray(g)
         if e.ndim == 0 or e.shape[-1] < k or e.size == 0:
             return math.nan
         e2, g2 = e.reshape(-1, e.shape[-1]), g.reshape(-1, g.shape[-1])
-        # NaN counts as -inf: never among the k largest; the k largest found in linear time, then sorted
-        te = np.sort(np.argpartition(-np.nan_to_num(e2, nan=-np.inf), k - 1, axis=-1)[:, :k], axis=-1)
-        tg = np.sort(np.argpartition(-np.nan_to_num(g2, nan=-np.inf), k - 1, axis=-1)[:, :k], axis=-1)
-        return float(np.mean(np.all(te == tg, axis=-1)))
+        return float(np.mean(np.all(_largest(e2, k) == _largest(g2, k), axis=-1)))
 
     top.__name__ = f"top{k}"
     return top
+
+
+def _largest(rows: np.ndarray, k: int) -> np.ndarray:
+    """The indices of each row's ``k`` largest entries, sorted: found in linear time, NaN counting as
+    -inf (never among them). Compared in the rows' own float type: the order is the same in float64."""
+    if rows.dtype.kind != "f" or rows.dtype.itemsize < 4:
+        rows = rows.astype(np.float64)
+    if np.isnan(rows).any():
+        rows = np.nan_to_num(rows, nan=-np.inf)
+    return np.sort(np.argpartition(-rows, k - 1, axis=-1)[:, :k], axis=-1)
 
 
 NAMED: dict[str, Metric] = {"max_abs": max_abs, "max_rel": max_rel, "cosine": cosine, "sqnr_db": sqnr_db,

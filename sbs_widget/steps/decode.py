@@ -23,10 +23,13 @@ inputs.
 
 from __future__ import annotations
 
+import collections.abc
+import concurrent.futures as cf
 import dataclasses
 import functools
 import math
-from typing import Callable, Iterator
+import os
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -39,7 +42,7 @@ from sbs_widget.engine.fx_runner import flat_inputs
 from sbs_widget.engine.metrics import compute_errors
 from sbs_widget.engine.noise import epsilon, judge, largest
 from sbs_widget.engine.reference import NoReference, program_reference
-from sbs_widget.engine.runtimes import Runtime, get_runtime
+from sbs_widget.engine.runtimes import Runtime, exact_numpy, get_runtime
 from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.engine.user_metrics import cosine, top_k_agreement
 from sbs_widget.errors import InputError
@@ -92,7 +95,7 @@ class Generation:
     mapping: StepMapping
     tolerance: Tolerance
     steps: list[Step]
-    inputs: list[dict]  # torch's flat user inputs at each step (the open loop's, the lockstep's)
+    inputs: Sequence[dict]  # torch's flat user inputs at each step (the open loop's, the lockstep's)
     stopped: str | None = None  # why the decoding ended before its last step (stop, time limit)
 
     @property
@@ -128,6 +131,26 @@ class Generation:
         found = find_culprits(records, prepared=self.prepared, atol=atol, rtol=rtol)
         return records, refine_culprits(found, self.prepared, args, kwargs, atol, rtol)
 
+    def compare_steps(self, steps: Iterable[int] | None = None, *, executor=None, max_workers: int | None = None,
+                      **options):
+        """The lockstep run at each of ``steps`` (default: every step) with its culprits, in worker
+        processes (``compare_input_sets`` on the steps' inputs: ``executor``, ``max_workers`` and
+        ``options`` as there; the tolerance is this decoding's). Its ``input_dependent`` pairs are those
+        beyond tolerance at some steps only: what changes with the length, the cache, the position."""
+        from sbs_widget.steps.input_sets import compare_input_sets
+
+        chosen = list(range(len(self.steps))) if steps is None else [int(k) for k in steps]
+        wrong = [k for k in chosen if not 0 <= k < len(self.steps)]
+        if wrong:
+            raise InputError(f"steps {wrong}: this decoding has steps 0 to {len(self.steps) - 1}")
+        atol, rtol = self.tolerance
+        options.setdefault("node_local", True)
+        pair = self.prepared.pair
+        return compare_input_sets(pair.user_ep if pair.user_ep is not None else pair.decomposed_ep,
+                                  pair.onnx_model, [self.kwargs_at(k) for k in chosen], executor=executor,
+                                  max_workers=max_workers, atol=atol, rtol=rtol,
+                                  labels=[f"step {k}" for k in chosen], **options)
+
     def to_dataframe(self):
         import pandas
 
@@ -159,6 +182,22 @@ class _Sides:
         # thread pool costs more than such ops (8x on a 2-layer LLaMA of hidden size 64, two busy cores)
         small = p.schedule.small_fx_nodes
         self.single = all(i in small for i, n in enumerate(p.fx_nodes) if n.op == "call_function")
+
+    def appended_caches(self, mapping: StepMapping) -> bool:
+        """Whether torch's program builds every present as ``cat(past, new)`` on the growing dimension
+        (as transformers' ``DynamicCache`` does): then a step's past is the start of every later one."""
+        outputs = program_outputs(self.p.decomposed_ep)
+        for position, past in mapping.cache:
+            node = outputs[position] if position < len(outputs) else None
+            if not (isinstance(node, torch.fx.Node) and node.target == torch.ops.aten.cat.default):
+                return False
+            parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+            rank = len(node.meta["val"].shape) if "val" in node.meta else 0
+            first = parts[0] if parts else None
+            along = dim % max(rank, 1) == _grown_rank(rank)
+            if not (isinstance(first, torch.fx.Node) and first.name == past and along):
+                return False
+        return True
 
     def torch(self, weights: list, flat: dict) -> list[torch.Tensor]:
         threads = torch.get_num_threads()
@@ -220,42 +259,106 @@ def _run(p: Prepared, inputs, kwargs, steps: int, atol, rtol, mapping: StepMappi
     n_user = len(sides.user_inputs)
     weights, user = placeholders[:-n_user] if n_user else placeholders, placeholders[len(placeholders) - n_user:]
     torch_in = dict(zip(sides.user_inputs, user))
-    out_t = sides.torch(weights, torch_in)
-    if mapping is None:
-        mapping = infer_mapping(torch_in, list(zip(sides.output_names, out_t)))
-    onnx_in = dict(torch_in)
-    out_closed = out_open = sides.onnx(onnx_in)
-    done, history, closed_on, shared = [], [], True, True
-    length = int(torch_in[mapping.ids].shape[1]) + (_past(mapping, torch_in) if mapping.with_cache else 0)
-    for k in range(steps + 1):
-        if hooks.cancel.cancelled:  # the steps so far are kept, with why it ended
-            return mapping, tolerance, done, history, str(hooks.cancel.error(f"before decode step {k}"))
-        history.append(dict(torch_in))
-        logits_t = out_t[mapping.logits]
-        token_t = logits_t[:, -1].argmax(-1)
-        judged = functools.partial(_loop_step, logits_t=logits_t, tolerance=tolerance, p=p, weights=weights,
-                                   torch_in=torch_in, sides=sides, mapping=mapping, new=None if k == 0 else 1)
-        closed = judged(out_closed[mapping.logits]) if closed_on else None
-        opened = dataclasses.replace(closed) if shared and closed is not None else judged(out_open[mapping.logits])
-        done.append(Step(k, length + k, token_t.tolist(), closed, opened, shared and closed is not None))
-        if hooks.on_step is not None:
-            hooks.on_step(done[-1])
-        if hooks.progress is not None:
-            hooks.progress(k + 1, steps + 1)
-        closed_on = closed_on and closed.token_agreement == 1.0  # else the sides decode different texts
-        if k == steps:
-            break
-        next_t = next_inputs(mapping, torch_in, out_t, token_t)
-        if closed_on:
-            onnx_in = next_inputs(mapping, onnx_in, out_closed, out_closed[mapping.logits][:, -1].argmax(-1))
-        shared = shared and closed_on and closed.within_tolerance and \
-            _caches_close(mapping, out_t, out_closed, tolerance, int(torch_in[mapping.ids].shape[1]))
-        torch_in = next_t
+    with _OnnxBeside(sides, hooks.cancel) as beside:
+        prompt = beside.run(torch_in)
         out_t = sides.torch(weights, torch_in)
-        if closed_on:
-            out_closed = sides.onnx(onnx_in)
-        out_open = out_closed if shared else sides.onnx(torch_in)
+        if mapping is None:
+            mapping = infer_mapping(torch_in, list(zip(sides.output_names, out_t)))
+        history = _History(mapping, sides.appended_caches(mapping))
+        onnx_in = dict(torch_in)
+        out_closed = out_open = prompt.result()
+        done, closed_on, shared = [], True, True
+        length = int(torch_in[mapping.ids].shape[1]) + (_past(mapping, torch_in) if mapping.with_cache else 0)
+        for k in range(steps + 1):
+            history.append(torch_in)
+            logits_t = out_t[mapping.logits]
+            token_t = logits_t[:, -1].argmax(-1)
+            judged = functools.partial(_loop_step, logits_t=logits_t, tolerance=tolerance, p=p, weights=weights,
+                                       torch_in=torch_in, sides=sides, mapping=mapping, new=None if k == 0 else 1)
+            closed = judged(out_closed[mapping.logits]) if closed_on else None
+            opened = dataclasses.replace(closed) if shared and closed is not None else judged(out_open[mapping.logits])
+            done.append(Step(k, length + k, token_t.tolist(), closed, opened, shared and closed is not None))
+            if hooks.on_step is not None:
+                hooks.on_step(done[-1])
+            if hooks.progress is not None:
+                hooks.progress(k + 1, steps + 1)
+            closed_on = closed_on and closed.token_agreement == 1.0  # else the sides decode different texts
+            if k == steps:
+                break
+            if hooks.cancel.cancelled:  # the steps so far are kept, with why it ended
+                return mapping, tolerance, done, history, str(hooks.cancel.error(f"before decode step {k + 1}"))
+            next_t = next_inputs(mapping, torch_in, out_t, token_t)
+            if closed_on:
+                onnx_in = next_inputs(mapping, onnx_in, out_closed, out_closed[mapping.logits][:, -1].argmax(-1))
+            shared = shared and closed_on and closed.within_tolerance and \
+                _caches_close(mapping, out_t, out_closed, tolerance, int(torch_in[mapping.ids].shape[1]))
+            torch_in = next_t
+            # the ONNX runs of the step go beside torch's (see _OnnxBeside), then both are judged
+            closed_run = beside.run(onnx_in) if closed_on else None
+            open_run = None if shared else beside.run(torch_in)
+            out_t = sides.torch(weights, torch_in)
+            try:
+                if closed_run is not None:
+                    out_closed = closed_run.result()
+                out_open = out_closed if shared else open_run.result()
+            except Exception:
+                if not hooks.cancel.cancelled:
+                    raise
+                return mapping, tolerance, done, history, str(hooks.cancel.error(f"in decode step {k + 1}"))
     return mapping, tolerance, done, history, None
+
+
+class _OnnxBeside:
+    """The ONNX model's runs of a step, made beside torch's run of that step when both sides compute on
+    one thread each (ops too small for a thread pool: torch's graph module is mostly Python, onnxruntime
+    releases the GIL), so that a step costs the slower side, not the sum; otherwise made at once, in
+    turn. Each run carries the decoding's stop switch (``Cancel.call``)."""
+
+    def __init__(self, sides: _Sides, cancel: Cancel):
+        self.sides, self.cancel = sides, cancel
+        overlap = sides.single and getattr(sides.runtime, "intra_op_num_threads", 0) == 1 and (os.cpu_count() or 1) > 1
+        self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="sbs-decode-onnx") if overlap else None
+
+    def run(self, flat: dict) -> cf.Future:
+        if self.pool is not None:
+            return self.pool.submit(self.cancel.call, self.sides.onnx, dict(flat))
+        done: cf.Future = cf.Future()
+        done.set_result(self.cancel.call(self.sides.onnx, flat))
+        return done
+
+    def __enter__(self) -> "_OnnxBeside":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _History(collections.abc.Sequence):
+    """Torch's inputs at every step (``history[k]``: name -> value), for ``Generation.run_at`` and the
+    lockstep on demand, in memory flat over the steps: where torch's program appends to each cache
+    (every present is ``cat(past, new)`` along the growing dimension), a past step's cache is the start
+    of the newest one: each step keeps its lengths and is read as views of the newest cache, and the
+    older cache tensors are freed as the decoding goes."""
+
+    def __init__(self, mapping: StepMapping, appended: bool):
+        self.names = [name for _, name in mapping.cache] if appended else []
+        self._steps: list[dict] = []  # per step its inputs, a cache entry replaced by its length
+        self._newest: dict = {}  # the newest step's cache tensors
+
+    def append(self, flat: dict) -> None:
+        self._newest = {name: flat[name] for name in self.names}
+        self._steps.append({name: (int(v.shape[_grown(v)]) if name in self._newest else v) for name, v in flat.items()})
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        kept = self._steps[k]
+        return {name: (self._newest[name].narrow(_grown(self._newest[name]), 0, v) if name in self._newest else v)
+                for name, v in kept.items()}
 
 
 def _caches_close(mapping: StepMapping, torch_out: list, onnx_out: list, tolerance: Tolerance, new: int) -> bool:
@@ -264,19 +367,23 @@ def _caches_close(mapping: StepMapping, torch_out: list, onnx_out: list, toleran
     if not mapping.cache:
         return True
     ts, os_ = [], []
-    for k, _ in mapping.cache:
-        t, o = torch_out[k], onnx_out[k]
+    for k, _ in mapping.cache:  # (numpy views: a slice costs a tenth of torch's narrow on such sizes)
+        t, o = exact_numpy(torch_out[k]), exact_numpy(onnx_out[k])
         d = _grown(t)
-        ts.append(t.narrow(d, t.shape[d] - new, new).reshape(-1))
-        os_.append(o.narrow(d, o.shape[d] - new, new).reshape(-1))
+        ts.append(t[(slice(None),) * d + (slice(t.shape[d] - new, None),)].ravel())
+        os_.append(o[(slice(None),) * d + (slice(o.shape[d] - new, None),)].ravel())
     # one vectorized pass over every appended entry (in float32 at least: float16 rounds atol away)
-    e, g = torch.cat(ts).float().cpu(), torch.cat(os_).float().cpu()
-    return bool((((g - e).abs() <= tolerance.atol + tolerance.rtol * e.abs()) | (g == e)).all())
+    e, g = np.concatenate(ts).astype(np.float32, copy=False), np.concatenate(os_).astype(np.float32, copy=False)
+    return bool((((np.abs(g - e) <= tolerance.atol + tolerance.rtol * np.abs(e))) | (g == e)).all())
 
 
-def _grown(present: torch.Tensor) -> int:
+def _grown(present) -> int:
     """The dimension a cache grows along: the sequence, second to last of ``[batch, heads, seq, size]``."""
-    return present.dim() - 2 if present.dim() >= 2 else 0
+    return _grown_rank(len(present.shape))
+
+
+def _grown_rank(rank: int) -> int:
+    return rank - 2 if rank >= 2 else 0
 
 
 def _past(mapping: StepMapping, flat: dict) -> int:

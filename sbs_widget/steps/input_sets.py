@@ -40,7 +40,7 @@ LABEL_CHARS = 80
 def compare_input_sets(ep, onx=None, input_sets=(), *, executor: cf.Executor | None = None,
                        max_workers: int | None = None, atol: float | None = None, rtol: float | None = None,
                        node_local: bool = False, culprits: bool = True, dump_module: str | None = None,
-                       progress=None, **run_options) -> InputSets:
+                       progress=None, labels: list[str] | None = None, **run_options) -> InputSets:
     """Compare ``ep`` and ``onx`` (anything ``prepare`` takes: paths, an ExportedProgram and a ModelProto, an
     ONNXProgram) on every input set; see ``InputSets`` for the answer.
 
@@ -53,8 +53,10 @@ def compare_input_sets(ep, onx=None, input_sets=(), *, executor: cf.Executor | N
     here). ``atol``/``rtol``/``node_local`` and ``run_options`` (``runtime``, ``reset_names``, ``metrics``...:
     picklable) go to ``Prepared.run``; ``culprits``: run the culprit finder on each input (in the worker).
     ``progress(done, total)``: called as inputs complete (total None for an iterable of unknown length).
+    ``labels``: what the inputs are called (default: their shapes, or the dump's call names).
     A failure on one input is recorded for that input (``InputSets.errors``); the others go on."""
-    sets, labels, total = _input_sets(input_sets, dump_module)
+    sets, read_labels, total = _input_sets(input_sets, dump_module)
+    labels = _given_labels(labels, read_labels, total)
     options = dict(run_options, atol=atol, rtol=rtol, node_local=node_local, culprits=culprits)
     if executor is None and max_workers == 0:
         outcomes = _run_here(ep, onx, sets, labels, options, progress, total)
@@ -96,6 +98,15 @@ def _input_sets(input_sets, dump_module: str | None) -> tuple[Iterator[tuple], l
         total = None
     labels = []
     return _labelled(((*normalize_input_set(item), None) for item in input_sets), labels), labels, total
+
+
+def _given_labels(given: list[str] | None, read: list[str], total: int | None) -> list[str]:
+    """The user's labels, checked against the number of sets; else those read with the sets."""
+    if given is None:
+        return read
+    if total is not None and len(given) != total:
+        raise InputError(f"labels: {len(given)} given for {total} input sets; give one per set")
+    return [str(label) for label in given]
 
 
 def _labelled(items: Iterable[tuple], labels: list[str]) -> Iterator[tuple]:
