@@ -161,7 +161,7 @@ def test_cli_compare_several_inputs(pair, tmp_path):
     row = df[df.onnx_name == "linear_1"].iloc[0]
     assert row.input_dependent and row.worst_label in ("len12.pt", "len16.pt") and row.n_mismatch == 2
     res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", files[0],
-               files[1], "--workers", "0", "--quiet", "-o", tmp_path / "spread.html")
+               files[1], "--workers", "0", "--quiet", "-o", tmp_path / "spread.json")
     assert res.returncode == 1 and "use one of .csv, .xlsx, .parquet" in res.stderr
     res = _cli("compare", "--ep", folder / "program.pt2", "--onnx", folder / "bad.onnx", "--inputs", files[0],
                tmp_path / "missing.pt", "--workers", "0")

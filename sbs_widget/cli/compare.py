@@ -41,7 +41,7 @@ def register_cli(sub) -> None:
                                                 time_limit=True))
     add_model_files(p, inputs="several", inputs_help=INPUTS_HELP + "; several files: one comparison per file, "
                     "then the spread of each pair's error over them, the pairs that differ on some inputs only first "
-                    "(-o: one row per pair, .csv, .xlsx or .parquet)")
+                    "(-o: one row per pair, .csv, .xlsx or .parquet; .html: the offline report with the spread)")
     _common(p)
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="with several --inputs: worker processes (default: min(CPUs, files, 4); 0: in this process)")

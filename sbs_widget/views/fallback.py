@@ -131,6 +131,84 @@ def spread_html(sets, limit: int = SPREAD_ROWS) -> str:
     return "\n".join(parts)
 
 
+REPORT_PAIRS = 2000  # the offline report's spread: the pairs listed (in execution order, input-dependent first)
+
+
+def _t(value) -> str:
+    """A model's string as escaped HTML text: control and direction characters made visible, then escaped."""
+    from sbs_widget.safe_text import visible
+
+    return _e(visible("" if value is None else str(value)))
+
+
+def _input(sets, k) -> str:
+    return "" if k is None else f"#{k} {sets.labels[k]}"
+
+
+def _inputs(sets, ks, limit: int = 20) -> str:
+    shown = ", ".join(_input(sets, k) for k in ks[:limit])
+    return shown + (f", ... {len(ks) - limit} more" if len(ks) > limit else "")
+
+
+def _spread_table(sets, pairs, limit: int) -> str:
+    cols = ("FX node", "ONNX value", "ONNX node", "op", "err_abs max", "err_abs median", "worst input",
+            "beyond tolerance on", "mismatch on", "input-dependent")
+    parts = ["<table class=\"sbs-spread-table\"><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
+             + "</tr></thead><tbody>"]
+    for p in pairs[:limit]:
+        beyond = f"{p.n_beyond} of {p.n_inputs}" + (f": {_inputs(sets, p.beyond_inputs)}" if p.beyond_inputs else "")
+        cells = (p.ep_name, p.onnx_name, p.onnx_node_name, p.onnx_op_type or p.kind, _cell(p.err_abs_max),
+                 _cell(p.err_abs_median), _input(sets, p.worst_input), beyond, f"{p.n_mismatch} of {p.n_inputs}",
+                 "yes" if p.input_dependent else "")
+        flag = " data-input-dependent=\"true\"" if p.input_dependent else ""
+        parts.append(f"<tr{flag}>" + "".join(f"<td>{_t(v)}</td>" for v in cells) + "</tr>")
+    parts.append("</tbody></table>")
+    if len(pairs) > limit:
+        parts.append(f"<p>... {len(pairs) - limit} more pair(s): write -o spread.csv for every one.</p>")
+    return "\n".join(parts)
+
+
+def spread_report_html(sets, limit: int = REPORT_PAIRS) -> str:
+    """The input sets' spread for the offline HTML report, as escaped plain HTML (no script, every model
+    string as text): the inputs, the input-dependent pairs singled out, every pair's spread (max and median
+    err_abs, worst input, the inputs beyond tolerance), the culprits grouped across the inputs."""
+    if sets is None:
+        return ""
+    n, dependent = len(sets), sets.input_dependent
+    tol = "" if sets.atol is None else f"; tolerance atol={sets.atol:g}, rtol={sets.rtol:g}"
+    parts = ["<section class=\"sbs-spread-text\" aria-label=\"input sets\">",
+             f"<h2>Input sets: {n} compared, {n - len(sets.failed)} ran to the end{_e(tol)}</h2>", "<ul>"]
+    for k in range(n):
+        counts = ", ".join(f"{v} {s}" for s, v in sorted(sets.statuses[k].items())) or "no pair"
+        failed = f"; failed: {sets.errors[k]}" if sets.errors[k] else ""
+        parts.append(f"<li data-input=\"{k}\">{_t(_input(sets, k))}: {_t(counts + failed)}</li>")
+    parts.append("</ul>")
+    parts.append(f"<h3 id=\"sbs-input-dependent\">Input-dependent pairs: {len(dependent)}</h3>")
+    if dependent:
+        parts.append("<p>Status mismatch on some inputs only, first in execution order: the first is where an "
+                     "input-dependent difference starts.</p>")
+        parts.append(_spread_table(sets, dependent, limit))
+    else:
+        parts.append("<p>None: no pair is beyond tolerance on some inputs but not on the others.</p>")
+    pairs = sorted(sets.pairs, key=lambda p: (not p.input_dependent, p.order))
+    parts.append(f"<h3 id=\"sbs-spread-pairs\">Every pair: {len(pairs)}</h3>")
+    parts.append(_spread_table(sets, pairs, limit))
+    parts.append(f"<h3 id=\"sbs-grouped-culprits\">Culprits across the inputs: {len(sets.culprits)}</h3>")
+    if sets.culprits:
+        cols = ("ONNX node", "ONNX value", "op", "FX node", "named on", "best rank", "reason")
+        parts.append("<table class=\"sbs-culprits-table\"><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
+                     + "</tr></thead><tbody>")
+        for g in sets.culprits:
+            cells = (g.onnx_node, g.onnx_name, g.onnx_op_type, g.ep_name,
+                     f"{g.count} of {n}: {_inputs(sets, g.inputs)}", g.best_rank, g.reason)
+            parts.append("<tr>" + "".join(f"<td>{_t(v)}</td>" for v in cells) + "</tr>")
+        parts.append("</tbody></table>")
+    else:
+        parts.append("<p>No culprit on any input.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def fallback_html(*, title: str, run_id: int, status: str, records: list, summary_lines: list[str],
                   culprits: list[dict], atol: float, rtol: float, reset_names=(), deployed: dict | None = None,
                   decoding: dict | None = None, step: int | None = None, spread: str = "") -> str:
