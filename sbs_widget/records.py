@@ -105,6 +105,18 @@ class Record:
     # the figures asked for with ``metrics=`` (``engine/user_metrics.py``), by name: they describe the
     # pair, the verdict stays the tolerance's
     metrics: dict[str, float] | None = field(default=None, repr=False)
+    # a second ONNX model of the program (``b``, twomodels/): its value paired with ``onnx_name``, against
+    # torch's; ``b_status`` says which side departs (twomodels/verdicts.py)
+    b_name: str | None = None
+    b_node_name: str | None = None
+    b_op_type: str | None = None
+    b_paired_by: str | None = None  # name, metadata, structure or value (twomodels/match.py)
+    b_err_abs: float | None = None
+    b_err_rel: float | None = None
+    b_within_tolerance: bool | None = None
+    b_err_local: float | None = None  # b's nodes computing it, fed a's values: their error against a's
+    b_status: str | None = None
+    b_comment: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

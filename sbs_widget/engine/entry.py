@@ -45,6 +45,7 @@ from sbs_widget.engine.lockstep import LockstepRun
 from sbs_widget.engine.prepared import SEGMENT_NODES, PreparedPair
 from sbs_widget.engine.run_parts import Progress, RunOptions
 from sbs_widget.engine.runtimes import Runtime, get_runtime
+from sbs_widget.engine.second_model import SecondModel
 from sbs_widget.engine.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from sbs_widget.engine.user_metrics import resolve_metrics
 from sbs_widget.errors import InputError, ModelMismatchError, ProgramMismatchWarning, SbsWidgetWarning
@@ -76,7 +77,7 @@ class Prepared(PreparedPair):
             histogram: bool = True, segment_nodes: int = SEGMENT_NODES,
             keep_sessions: bool = True, time_limit: float | None = None,
             cancel: Cancel | None = None, reference: bool = True, keep_cuts: int | None = None,
-            metrics=None) -> Iterator[Record]:
+            metrics=None, second: SecondModel | None = None) -> Iterator[Record]:
         """Yield records in execution order; see ``run_aligned`` for the options.
 
         ``keep_sessions``: keep the compiled segments for the next run (reset experiments then pay no
@@ -85,7 +86,9 @@ class Prepared(PreparedPair):
         than the model itself.
         ``cancel``: a token another thread may fire to stop the run; ``time_limit`` is armed on it.
         ``keep_cuts``: bytes kept at cuts for a rerun to restart from (``restart.py``; None: default).
-        ``metrics``: figures measured beside the verdict (``user_metrics.py``), in ``Record.metrics``."""
+        ``metrics``: figures measured beside the verdict (``user_metrics.py``), in ``Record.metrics``.
+        ``second``: a second ONNX model's values measured against the same torch values, in the records'
+        ``b_*`` fields (``second_model.py``; ``sbs_widget.compare_models`` builds it)."""
         for f in self.weight_files:  # (weights read from their file as needed: it must be the one loaded)
             f.check_unchanged()
         if cancel is None:
@@ -94,7 +97,7 @@ class Prepared(PreparedPair):
             cancel.time_limit = check_time_limit(time_limit)
         options = RunOptions(self.tolerance(atol, rtol), frozenset(self.resolve_names(reset_names).values()),
                              node_local, exc, progress, histogram, reference, segment_nodes, keep_sessions,
-                             keep_cuts, resolve_metrics(metrics))
+                             keep_cuts, resolve_metrics(metrics), second)
         flat, device = self._inputs(args, kwargs)
         # onnxruntime's own threads pay off on big values only (per session, measured on two cores:
         # +5% time on a 16-layer LLaMA of hidden size 64, none at 256 (1 MB values), -9% at 1024)

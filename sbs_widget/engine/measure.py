@@ -9,6 +9,7 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.dtypes import numpy_elem_type, onnx_elem_type
 from sbs_widget.engine.metrics import EMPTY_NOTE, Scratch, as_numpy, beyond_where, compute_errors_many, same_shape
+from sbs_widget.engine.second_model import SecondModel
 from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.engine.user_metrics import Figure
 from sbs_widget.engine.user_metrics import measure as measure_figures
@@ -61,12 +62,13 @@ class Measurer:
     """Owns the comparison of a run: its tolerance, the metrics asked for, the work buffers."""
 
     def __init__(self, tolerance: Tolerance, histogram: bool = True, figures: tuple[Figure, ...] = (),
-                 exc: bool = False):
+                 exc: bool = False, second: SecondModel | None = None):
         self.tolerance = tolerance
         self.histogram = histogram  # fill Record.histogram
         self.figures = figures  # metrics beside the verdict (user_metrics.py)
         self.exc = exc  # raise ToleranceExceeded at the first pair beyond tolerance
         self.scratch = Scratch()  # the metrics' work buffers, for the whole run
+        self.second = second  # a second ONNX model's values, measured against the same torch values
 
     def compare(self, rec: Record, expected, got) -> Record:
         self.compare_many([(rec, expected, got)])
@@ -110,6 +112,9 @@ class Measurer:
         if self.figures:
             for rec, (e, g) in zip(ready, arrays):
                 rec.metrics = measure_figures(self.figures, e, g)
+        if self.second is not None:
+            for rec, (e, _) in zip(ready, arrays):
+                self.second.measure(rec, e, atol, rtol)
 
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
         """Both values as numpy arrays of one shape, or None with the record marked as an error."""

@@ -19,6 +19,7 @@ from sbs_widget.engine.onnx_side import OnnxSide
 from sbs_widget.engine.prepared import SEGMENT_NODES, PreparedPair
 from sbs_widget.engine.run_state import JudgeState, OnnxState, RunState
 from sbs_widget.engine.runtimes import Runtime, capabilities
+from sbs_widget.engine.second_model import SecondModel
 from sbs_widget.engine.tolerance import Tolerance
 from sbs_widget.engine.user_metrics import Figure
 from sbs_widget.engine.verdicts import Judge
@@ -41,11 +42,12 @@ class RunOptions:
     keep_sessions: bool = True
     keep_cuts: int | None = None  # bytes kept for a rerun to restart from (restart.py)
     figures: tuple[Figure, ...] = ()  # metrics beside the verdict (user_metrics.py)
+    second: SecondModel | None = None  # a second ONNX model measured beside the first (second_model.py)
 
     def restart_key(self) -> tuple:
         """The options a rerun must share with a run to restart from its cuts (the reset set aside)."""
         return (self.tolerance.atol, self.tolerance.rtol, self.node_local, self.histogram, self.reference,
-                self.segment_nodes, self.exc, self.figures)
+                self.segment_nodes, self.exc, self.figures, self.second.token if self.second is not None else None)
 
 
 @dataclasses.dataclass
@@ -68,7 +70,7 @@ def build_parts(p: PreparedPair, flat: list, runtime: Runtime, options: RunOptio
     fx = FxSide(p, device, cancel)
     state = RunState(fx.state, OnnxState(), JudgeState())
     onnx = OnnxSide(p, runtime, capabilities(runtime), cancel, state.onnx, fx.env)
-    measurer = Measurer(options.tolerance, options.histogram, options.figures, options.exc)
+    measurer = Measurer(options.tolerance, options.histogram, options.figures, options.exc, options.second)
     judge = Judge(p, flat, state.judged, fx.env, state.onnx.env, options.reset)
     local = LocalRuns(p, onnx, fx.env, measurer)
     inner = InnerValues(p, onnx, local, measurer, judge)

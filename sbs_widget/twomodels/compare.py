@@ -1,0 +1,169 @@
+"""``compare_models``: the torch program, its export ``a`` and a transformed copy ``b``, in one lockstep run.
+
+``a`` is run against torch node by node as always; ``b`` runs whole once on the same inputs, each of its
+values paired with a value of ``a`` (``match.py``) and measured against the same torch value in the run
+(``engine/second_model.py``); ``b`` runs once more fed ``a``'s values (``local.py``), so that each value
+says whether ``b``'s own nodes depart there (``verdicts.py``). The culprits are the nodes of ``b`` where
+a departure starts, the largest excess over what their precision explains first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import onnx
+import torch
+
+from sbs_widget import records as R
+from sbs_widget.engine.entry import Prepared, prepare
+from sbs_widget.engine.second_model import BPaired, SecondModel
+from sbs_widget.errors import InputError
+from sbs_widget.load.readers import load_inputs
+from sbs_widget.records import Record
+from sbs_widget.twomodels import verdicts as V
+from sbs_widget.twomodels.local import local_values
+from sbs_widget.twomodels.match import Matching, match_models
+from sbs_widget.twomodels.values import all_values
+
+
+@dataclasses.dataclass
+class BCulprit:
+    """A node of b where a departure starts."""
+
+    onnx_node: str  # the node of b
+    op_type: str
+    b_value: str
+    a_value: str  # the value of a it is paired with
+    err_local: float  # its error fed a's values, relative to the value's magnitude
+    precision: str
+    transformation: str
+    excess: float  # err_local over what its precision explains
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ModelsComparison:
+    """What ``compare_models`` answers: the records (``b_*`` fields filled), the pairing of b with a,
+    the local verdicts of b's values, and the culprits in b (most likely first)."""
+
+    records: list[Record]
+    matching: Matching
+    local: list[V.LocalVerdict]
+    culprits: list[BCulprit]
+    a_only: dict[str, str]
+    b_only: dict[str, str]
+
+    @property
+    def b_departs(self) -> list[Record]:
+        return [r for r in self.records if r.b_status in (V.DEPARTS, V.INHERITS)]
+
+    def to_dataframe(self):
+        import pandas
+
+        return pandas.DataFrame([r.to_dict() for r in self.records])
+
+
+def compare_models(ep, a, b, args=(), kwargs=None, *, atol: float | None = None, rtol: float | None = None,
+                   providers_b: list[str] | None = None, **run_options) -> ModelsComparison:
+    """Compare ``b`` (a transformed copy of ``a``: ModelProto or path) with ``a`` (the export of ``ep``)
+    and the torch program, node by node, on one set of inputs. ``providers_b``: the execution providers
+    ``b`` runs on (another provider than a's CPU: the same model on CUDA, say). ``run_options`` go to
+    ``Prepared.run``."""
+    prepared = prepare(ep, a)
+    b_model = _load(b)
+    args, kwargs = load_inputs(args, kwargs)
+    feeds = onnx_feeds(prepared, args, kwargs)
+    a_model = prepared.index.full_model()
+    values_a = all_values(a_model, feeds)
+    values_b = all_values(b_model, feeds, providers_b)
+    matching = match_models(a_model, b_model, values_a, values_b)
+    tol = prepared.tolerance(atol, rtol)
+    local = V.local_verdicts(b_model, matching, values_a, values_b,
+                             local_values(b_model, matching, values_a, values_b, providers_b), tol.atol, tol.rtol)
+    second = SecondModel(_paired(matching, values_a, values_b, b_model))
+    records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
+    judge_records(records, local, matching)
+    return ModelsComparison(records, matching, local, _culprits(local), matching.a_only, matching.b_only)
+
+
+def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
+    """The ONNX model's feeds for the program's inputs (names of a's inputs)."""
+    flat, _ = prepared._inputs(args, kwargs)
+    by_name = {n.name: v for n, v in zip((n for n in prepared.fx_nodes if n.op == "placeholder"), flat)}
+    feeds = {}
+    for fx, onnx_name in prepared.alignment.input_pairs:
+        value = by_name.get(fx)
+        if isinstance(value, torch.Tensor):
+            feeds[onnx_name] = value.detach().cpu().numpy()
+    return feeds
+
+
+def _load(b) -> onnx.ModelProto:
+    if isinstance(b, onnx.ModelProto):
+        return b
+    if isinstance(b, (str, os.PathLike)):
+        if not os.path.exists(b):
+            raise InputError(f"b: no such file {os.fspath(b)!r}: pass the transformed ONNX model's path")
+        return onnx.load(os.fspath(b))
+    raise InputError(f"b: an onnx.ModelProto or a path to the transformed model, not {type(b).__name__}")
+
+
+def _paired(matching: Matching, values_a: dict, values_b: dict, b: onnx.ModelProto) -> dict[str, BPaired]:
+    """For each value of a, the value of b its consumers read: the last paired one in b's order (a
+    DequantizeLinear after the float value, a Cast back to float32), of a's shape where one is."""
+    producer = {o: n for n in b.graph.node for o in n.output}
+    out = {}
+    for a_name, bs in matching.a_to_b.items():
+        shaped = [v for v in bs if v in values_b and values_a.get(a_name) is not None
+                  and values_b[v].shape == values_a[a_name].shape]
+        chosen = (shaped or bs)[-1]
+        node = producer.get(chosen)
+        out[a_name] = BPaired(chosen, node.name if node is not None else chosen,
+                              node.op_type if node is not None else "input", matching.b_to_a[chosen][1],
+                              values_b.get(chosen))
+    return out
+
+
+def judge_records(records: list[Record], local: list[V.LocalVerdict], matching: Matching) -> None:
+    """Fill ``b_status``, ``b_err_local`` and ``b_comment`` of each record with a value of b."""
+    by_value = {lv.b_value: lv for lv in local}
+    departed = sorted(lv.order for lv in local if lv.departs)
+    for rec in records:
+        if rec.b_name is None:
+            if rec.onnx_name in matching.a_only:
+                rec.b_comment = matching.a_only[rec.onnx_name]
+            continue
+        lv = by_value.get(rec.b_name)
+        if lv is not None:
+            rec.b_err_local = lv.err_local
+        if rec.b_within_tolerance:
+            rec.b_status = V.SAME
+        elif rec.status in (R.MISMATCH,) and rec.err_abs is not None and rec.b_err_abs is not None \
+                and rec.b_err_abs <= rec.err_abs * 1.01:
+            rec.b_status = V.FOLLOWS_A
+        elif lv is not None and lv.departs:
+            rec.b_status = V.DEPARTS
+            rec.b_comment = f"{lv.transformation}: {lv.err_local:.3g} of the value's magnitude fed a's values"
+        elif lv is not None and departed and departed[0] < lv.order:
+            rec.b_status = V.INHERITS
+        elif rec.b_within_tolerance is False:  # nothing departs upstream: the rounding b's precision adds up
+            rec.b_status = V.ROUNDING
+            if lv is not None:
+                rec.b_comment = f"{lv.transformation}: rounds by {lv.err_local:.3g} of the value's magnitude"
+
+
+def _culprits(local: list[V.LocalVerdict]) -> list[BCulprit]:
+    found: dict[str, BCulprit] = {}
+    for lv in local:
+        if not lv.departs:
+            continue
+        envelope = {"float16": V.FLOAT16_ENVELOPE, "quantized": V.QUANTIZED_ENVELOPE}.get(lv.precision, 1e-4)
+        c = BCulprit(lv.node, lv.op_type, lv.b_value, lv.a_value, lv.err_local, lv.precision, lv.transformation,
+                     lv.err_local / envelope)
+        if lv.node not in found or found[lv.node].excess < c.excess:
+            found[lv.node] = c
+    return sorted(found.values(), key=lambda c: -c.excess if np.isfinite(c.excess) else -np.inf)

@@ -1,0 +1,289 @@
+"""Which value of ``a`` each value of ``b`` is, when ``b`` is ``a`` transformed (simplified, optimized,
+converted to float16, quantized).
+
+Pairing never guesses from names alone; it goes, in order:
+
+1. **name**: the transformation kept the value's name and shape (the optimizers, float16 conversion and
+   quantizers keep most names of the values they leave in place);
+2. **structure**, in ``b``'s graph order: a node whose inputs are paired, with the op type and input
+   values of a node of ``a``, computes what that node computes (a renamed value: onnxslim); a ``Cast``,
+   a ``DequantizeLinear`` of a ``QuantizeLinear``, or a ``DequantizeLinear`` of a quantized weight is
+   the value it converts (float16 conversion, QDQ quantization);
+3. **value**, for what is left (a fused node's output: ``SkipLayerNormalization``, ``FusedMatMul``): a
+   value of ``a`` of the same shape, downstream of what the node's paired inputs are paired with, equal
+   to it within ``VALUE_MATCH`` of its scale, the closest one. Weights of ``a`` are candidates too (a
+   dequantized weight).
+
+What is not paired is one-sided, with why: a value of ``a`` fused or folded into a node of ``b``, a
+value of ``b`` that is a quantized form (integers), a value new in ``b``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# a value of b is paired by value with a value of a whose |difference| is within this share of the
+# value's largest magnitude: a transformed model rounds differently (float16: ~1e-3, int8: a few %), a
+# different value of the same shape rarely comes this close
+VALUE_MATCH = 0.05
+# ops that convert a value without changing what it is (b's value is a's, in another type)
+CONVERTS = {"Cast", "CastLike", "DequantizeLinear", "Identity"}
+# ops that keep a value's elements in order under another shape (an optimizer flattens a MatMul's input
+# for a Gemm): the same value, reshaped
+RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+BLOCKED_LAYOUT = "com.microsoft.nchwc"  # onnxruntime's blocked channels: elements in another order
+
+
+@dataclasses.dataclass
+class Matching:
+    """``b_to_a``: b value -> (a value, how); ``a_to_b``: a value -> the b values paired with it (the last
+    one is what b's consumers read); ``a_only``/``b_only``: values without a twin, with why."""
+
+    b_to_a: dict[str, tuple[str, str]]
+    a_to_b: dict[str, list[str]]
+    a_only: dict[str, str]
+    b_only: dict[str, str]
+    b_float: list[str]  # b's float values, in graph order (what the coverage counts)
+
+    @property
+    def coverage(self) -> float:
+        """The share of b's float values paired with a value of a."""
+        if not self.b_float:
+            return 1.0
+        return sum(1 for v in self.b_float if v in self.b_to_a) / len(self.b_float)
+
+
+def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.ndarray],
+                 values_b: dict[str, np.ndarray]) -> Matching:
+    """Pair the values of ``b`` with those of ``a`` (see the module's docstring); ``values_*``: each model's
+    values on the same inputs (``values.all_values``)."""
+    ga, gb = _Graph(a), _Graph(b)
+    weights_a = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
+    b_to_a: dict[str, tuple[str, str]] = {}
+    for name in gb.order:  # 1. names kept
+        if gb.producer[name].domain == BLOCKED_LAYOUT:
+            continue
+        if name in ga.position and _same_shape(values_a.get(name), values_b.get(name)):
+            b_to_a[name] = (name, "name")
+    for name in gb.inputs:
+        if name in ga.inputs:
+            b_to_a[name] = (name, "name")
+    for node in gb.nodes:  # 2. structure, 3. values, in b's graph order (a node's inputs are paired first)
+        if node.domain == BLOCKED_LAYOUT:  # (values in a blocked layout: their elements in another order)
+            continue
+        for k, out in enumerate(node.output):
+            if out in b_to_a and b_to_a[out][1] == "name" and _far(values_a.get(out), values_b.get(out)):
+                # a kept name on another value (an optimizer folding a BatchNorm into the Conv before it
+                # names the Conv's output as the Conv's): the value of a it equals, if one does
+                twin = _by_value(out, node, ga, gb, b_to_a, values_a, values_b, weights_a)
+                if twin is not None and twin != out:
+                    b_to_a[out] = (twin, "value")
+                continue
+            if not out or out in b_to_a:
+                continue
+            twin = _by_structure(node, k, ga, gb, b_to_a, weights_a, values_a, values_b)
+            if twin is not None and _far(values_a.get(twin), values_b.get(out)):
+                # the structure says twin, the values another (a quantization range that clamps like the
+                # Relu it replaced): the value of a it equals, if one does; else the structure stands
+                # (a node of b that computes it wrongly)
+                twin = _by_value(out, node, ga, gb, b_to_a, values_a, values_b, weights_a) or twin
+            if twin is not None:
+                b_to_a[out] = (twin, "structure")
+                continue
+            twin = _by_value(out, node, ga, gb, b_to_a, values_a, values_b, weights_a)
+            if twin is not None:
+                b_to_a[out] = (twin, "value")
+    a_to_b: dict[str, list[str]] = defaultdict(list)
+    for bv in gb.order:
+        if bv in b_to_a:
+            a_to_b[b_to_a[bv][0]].append(bv)
+    b_float = [v for v in gb.order if _is_float(values_b.get(v))]
+    return Matching(b_to_a, dict(a_to_b), _a_only(ga, gb, a_to_b, b_to_a), _b_only(gb, b_to_a, values_b), b_float)
+
+
+class _Graph:
+    """A model's main graph as the pairing reads it: producers, consumers, graph order, initializers."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.nodes = list(model.graph.node)
+        self.inputs = [i.name for i in model.graph.input]
+        self.initializers = {i.name for i in model.graph.initializer}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        self.order: list[str] = []
+        for n in self.nodes:
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(n)
+            for o in n.output:
+                if o:
+                    self.producer[o] = n
+                    self.order.append(o)
+        self.position = {v: i for i, v in enumerate([*self.inputs, *self.order])}
+        self._downstream: dict[str, set[str]] = {}
+
+    def constant(self, value: str) -> bool:
+        """A value computed from initializers alone (or one)."""
+        seen, todo = set(), [value]
+        while todo:
+            v = todo.pop()
+            if v in seen or v in self.initializers:
+                continue
+            seen.add(v)
+            node = self.producer.get(v)
+            if node is None:
+                return False  # a graph input
+            todo.extend(i for i in node.input if i)
+        return True
+
+    def downstream(self, value: str) -> set[str]:
+        """The values computed from ``value`` (itself included)."""
+        hit = self._downstream.get(value)
+        if hit is None:
+            hit, todo = set(), [value]
+            while todo:
+                v = todo.pop()
+                if v in hit:
+                    continue
+                hit.add(v)
+                todo.extend(o for n in self.consumers.get(v, ()) for o in n.output if o)
+            self._downstream[value] = hit
+        return hit
+
+
+def _same_shape(x, y) -> bool:
+    return x is not None and y is not None and np.shape(x) == np.shape(y)
+
+
+def _same_size(x, y) -> bool:
+    """Same number of elements: a value reshaped keeps its elements in order (a Gemm fed a flattened
+    MatMul input)."""
+    return x is not None and y is not None and np.size(x) == np.size(y)
+
+
+def _is_float(x) -> bool:
+    return x is not None and np.asarray(x).dtype.kind == "f"
+
+
+def _by_structure(node, k: int, ga: _Graph, gb: _Graph, b_to_a, weights_a, values_a, values_b) -> str | None:
+    """The value of a that output ``k`` of b's ``node`` is by structure, or None."""
+    out = node.output[k]
+    if node.op_type in CONVERTS and k == 0 and node.input:
+        source = _unquantized(node.input[0], gb, b_to_a)
+        if source in b_to_a and _same_shape(values_a.get(b_to_a[source][0]), values_b.get(out)):
+            return b_to_a[source][0]  # the same value in another type (Cast, DequantizeLinear of a Quantize)
+        return None
+    inputs = [i for i in node.input if i and i not in gb.initializers and not gb.constant(i)]
+    if not inputs or not all(i in b_to_a for i in inputs):
+        return None
+    twins = [b_to_a[i][0] for i in inputs]
+    for candidate in ga.consumers.get(twins[0], ()):
+        if candidate.op_type != node.op_type or len(candidate.output) != len(node.output):
+            continue
+        a_inputs = [i for i in candidate.input if i and i not in ga.initializers and not ga.constant(i)]
+        if a_inputs == twins and _same_shape(values_a.get(candidate.output[k]), values_b.get(out)):
+            return candidate.output[k]
+    if node.op_type in RESHAPES and k == 0 and _same_size(values_a.get(twins[0]), values_b.get(out)):
+        return twins[0]  # the same elements under another shape
+    return None
+
+
+def _far(e, g) -> bool:
+    """Values of one shape further apart than ``VALUE_MATCH`` of the first's magnitude."""
+    if not (_is_float(e) and _is_float(g)) or np.size(e) != np.size(g) or not np.size(e):
+        return False
+    e64 = np.asarray(e, dtype=np.float64).reshape(-1)
+    scale = float(np.abs(e64).max())
+    with np.errstate(invalid="ignore"):
+        diff = float(np.nanmax(np.abs(np.asarray(g, dtype=np.float64).reshape(-1) - e64)))
+    return np.isfinite(scale) and scale > 0 and diff > VALUE_MATCH * scale
+
+
+def _unquantized(value: str, gb: _Graph, b_to_a: dict) -> str:
+    """The float value a quantized (or cast) value of b stands for: through ``QuantizeLinear`` and
+    ``Cast`` back to a paired value, else ``value``."""
+    seen = set()
+    while value not in b_to_a and value not in seen:
+        seen.add(value)
+        node = gb.producer.get(value)
+        if node is None or node.op_type not in ("QuantizeLinear", "DynamicQuantizeLinear", "Cast") or not node.input:
+            break
+        value = node.input[0]
+    return value
+
+
+def _by_value(out: str, node, ga: _Graph, gb: _Graph, b_to_a, values_a, values_b, weights_a) -> str | None:
+    """The value of a that ``out`` equals within ``VALUE_MATCH``, downstream of what the node's paired
+    inputs are paired with; a weight of a where the node reads initializers only."""
+    got = values_b.get(out)
+    if not _is_float(got) or got.size == 0:
+        return None
+    sources = [_unquantized(i, gb, b_to_a) for i in node.input if i]  # (a Dequantize: the value quantized)
+    ancestors = list(dict.fromkeys(b_to_a[i][0] for i in sources if i in b_to_a))
+    if ancestors:
+        window = set.intersection(*(ga.downstream(v) for v in ancestors)) - set(ancestors)
+        candidates = [v for v in window if _same_size(values_a.get(v), got)]
+        pool = values_a
+    elif all(i in gb.initializers or gb.constant(i) for i in node.input if i):
+        candidates = [w for w, x in weights_a.items() if x.size == got.size and x.dtype.kind == "f"]
+        pool = weights_a
+    else:
+        return None
+    best, best_err = None, VALUE_MATCH
+    g = got.astype(np.float64)
+    for v in sorted(candidates, key=lambda v: ga.position.get(v, 0)):
+        e = np.asarray(pool[v], dtype=np.float64).reshape(g.shape)
+        scale = float(np.abs(e).max()) if e.size else 0.0
+        if not np.isfinite(scale) or scale == 0.0:
+            continue
+        with np.errstate(invalid="ignore"):
+            err = float(np.nanmax(np.abs(g - e))) / scale
+        if err < best_err:
+            best, best_err = v, err
+    return best
+
+
+def _a_only(ga: _Graph, gb: _Graph, a_to_b: dict, b_to_a: dict) -> dict[str, str]:
+    """Why each value of a has no twin in b: folded (computed from weights alone), fused into the node of
+    b that computes its first paired descendant, or gone."""
+    why = {}
+    for v in ga.order:
+        if v in a_to_b:
+            continue
+        if ga.constant(v):
+            why[v] = "folded into a constant of b"
+            continue
+        after = next((d for d in sorted(ga.downstream(v), key=lambda d: ga.position.get(d, 0)) if d in a_to_b), None)
+        if after is None:
+            why[v] = "not computed by b"
+            continue
+        node = gb.producer.get(a_to_b[after][-1])
+        why[v] = f"fused into {node.op_type} node {node.name!r} of b" if node is not None else "fused in b"
+    return why
+
+
+def _b_only(gb: _Graph, b_to_a: dict, values_b: dict) -> dict[str, str]:
+    why = {}
+    for v in gb.order:
+        if v in b_to_a:
+            continue
+        node = gb.producer[v]
+        x = values_b.get(v)
+        if node.domain == BLOCKED_LAYOUT:
+            why[v] = "in onnxruntime's blocked NCHWc layout: not comparable element by element"
+        elif node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") or (x is not None and x.dtype.kind in "iu"
+                                                                           and node.op_type != "Shape"):
+            source = node.input[0] if node.input else ""
+            why[v] = f"the quantized form of {source!r}" if source else "a quantized value"
+        elif gb.constant(v):
+            why[v] = "a constant of b"
+        elif x is None:
+            why[v] = "not returned by the runtime"
+        else:
+            why[v] = f"new in b ({node.op_type}): no value of a equals it"
+    return why

@@ -1,0 +1,138 @@
+"""The three-way verdict of each value: torch (exact within the run's tolerance), ``a`` (the export) and
+``b`` (the transformed model). Which side departs, and for ``b``, by what:
+
+- ``same``: ``b`` within tolerance of torch;
+- ``follows a``: ``a`` is beyond tolerance itself and ``b`` no further from torch than ``a``;
+- ``departs``: ``b``'s own nodes computing it, fed ``a``'s values (``local.py``), are beyond what their
+  precision explains: the transformation made an error here;
+- ``rounding``: beyond tolerance, but ``b``'s nodes round as their precision does (float16, int8) and
+  nothing upstream departs: the price of the precision, not a bug;
+- ``inherits``: beyond tolerance from a departure upstream.
+
+What a precision explains (``envelope``): float32 nodes, the run's tolerance (a rewrite or a fusion
+computes the same function); float16 nodes, ``FLOAT16_ENVELOPE`` of the value's magnitude; quantized
+nodes (a ``QuantizeLinear``/``DequantizeLinear`` or an integer kernel on the way since the values fed
+from ``a``), ``QUANTIZED_ENVELOPE``. Both are relative to the largest magnitude of the value, as the
+precision's rounding is: float16 keeps 11 bits (a node rounds each element to ~5e-4 of its magnitude;
+reductions add a few of those), int8 keeps 8 (a step of ~1/127 of the range per quantized input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from sbs_widget.engine.metrics import compute_errors
+from sbs_widget.twomodels.match import Matching, _Graph
+
+FLOAT16_ENVELOPE = 0.02  # ~40 float16 roundings of the value's magnitude
+QUANTIZED_ENVELOPE = 0.25  # ~32 int8 steps of the value's range
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+             "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "MatMulIntegerToFloat",
+             "DynamicQuantizeMatMul", "QAttention", "QGemm"}
+SAME, FOLLOWS_A, DEPARTS, ROUNDING, INHERITS = "same", "follows a", "departs", "rounding", "inherits"
+
+
+@dataclasses.dataclass
+class LocalVerdict:
+    """One value of b, computed from a's values: its error against a's twin and what explains it."""
+
+    b_value: str
+    a_value: str
+    node: str  # the node of b to blame when it departs
+    op_type: str
+    precision: str  # float32, float16, quantized
+    err_local: float  # max |local - a| / max |a|
+    departs: bool
+    transformation: str  # what b's nodes there are: "rewritten as X", "cast to float16", "quantized"...
+    order: int  # position in b's graph order
+
+
+def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local: dict, atol: float,
+                   rtol: float) -> list[LocalVerdict]:
+    """A verdict for every float value of b paired with a value of a, in b's graph order."""
+    gb = _Graph(b)
+    out = []
+    for position, v in enumerate(gb.order):
+        pair = matching.b_to_a.get(v)
+        mine, theirs = local.get(v), values_a.get(pair[0]) if pair else None
+        if pair is None or mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
+            continue
+        chain = _local_chain(v, gb, {b for b, (x, _) in matching.b_to_a.items() if x in values_a})
+        precision = _precision(chain, values_b)
+        e = theirs.astype(np.float64).reshape(-1)
+        g = mine.astype(np.float64).reshape(-1)
+        err = _relative(e, g)
+        if precision == "float32":
+            departs = not compute_errors(e, g, atol=atol, rtol=rtol).within_tolerance
+        else:
+            departs = err > (FLOAT16_ENVELOPE if precision == "float16" else QUANTIZED_ENVELOPE)
+        node = gb.producer[v]
+        blamed = _blamed_node(node, chain, gb, values_b, matching) if departs else node
+        out.append(LocalVerdict(v, pair[0], blamed.name, blamed.op_type, precision, err, departs,
+                                _transformation(chain, node, precision), position))
+    return out
+
+
+def _relative(e: np.ndarray, g: np.ndarray) -> float:
+    """max |g - e| / max |e| over finite positions; a non-finite pattern that differs: infinite."""
+    fe, fg = np.isfinite(e), np.isfinite(g)
+    if (fe != fg).any():
+        return float("inf")
+    if not fe.any():
+        return 0.0
+    scale = float(np.abs(e[fe]).max())
+    diff = float(np.abs(g[fe] - e[fe]).max())
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def _local_chain(v: str, gb: _Graph, fed: set[str]) -> list:
+    """The nodes of b that compute ``v`` from the values fed from a (``local.py``): v's producer and,
+    upstream, the producers of what is not fed (a weight dequantized or cast on the way included)."""
+    chain, todo, seen = [], [v], set()
+    while todo:
+        value = todo.pop()
+        node = gb.producer.get(value)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        chain.append(node)
+        todo.extend(i for i in node.input if i and i not in fed)
+    return chain
+
+
+def _precision(chain: list, values_b: dict) -> str:
+    if any(n.op_type in QUANT_OPS for n in chain):
+        return "quantized"
+    for n in chain:
+        for name in [*n.input, *n.output]:
+            x = values_b.get(name)
+            if x is not None and (x.dtype == np.float16 or x.dtype.kind == "V"):  # (V: bfloat16 as ml_dtypes)
+                return "float16"
+    return "float32"
+
+
+def _blamed_node(node, chain: list, gb: _Graph, values_b: dict, matching: Matching):
+    """The node of the chain where the departure starts: a node of b that converts a weight (a
+    ``DequantizeLinear`` of an int8 weight, a ``Cast`` of a constant) to a value no weight of a is
+    within the envelope of, else the node computing the value."""
+    for n in reversed(chain):  # upstream first
+        if n is node or n.op_type not in ("DequantizeLinear", "Cast") or not n.output:
+            continue
+        if all(i in gb.initializers or gb.constant(i) for i in n.input if i):
+            got = values_b.get(n.output[0])
+            if got is not None and got.dtype.kind == "f" and n.output[0] not in matching.b_to_a:
+                return n  # a converted weight that equals no weight of a (the value pass found none)
+    return node
+
+
+def _transformation(chain: list, node, precision: str) -> str:
+    ops = sorted({n.op_type for n in chain})
+    if precision == "quantized":
+        return "quantized: " + ", ".join(ops)
+    if precision == "float16":
+        return "in float16: " + ", ".join(ops)
+    domain = f"{node.domain}." if node.domain else ""
+    return f"computed by {domain}{node.op_type}" + (f" (with {', '.join(o for o in ops if o != node.op_type)})"
+                                                     if len(ops) > 1 else "")
