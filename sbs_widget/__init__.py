@@ -57,6 +57,8 @@ _LAZY = {
     "dummy_llm": "sbs_widget.samples.dummy_llm",
     "string_type": "sbs_widget.strings",
     "SbsWidget": "sbs_widget.views.widget",
+    "ModelsComparison": "sbs_widget.twomodels.compare",
+    "compare_models": "sbs_widget.twomodels.compare",
 }
 
 if TYPE_CHECKING:  # the names as type checkers and IDEs see them
@@ -77,6 +79,7 @@ if TYPE_CHECKING:  # the names as type checkers and IDEs see them
     from sbs_widget.records import Record, to_dataframe
     from sbs_widget.samples.dummy_llm import dummy_llm
     from sbs_widget.strings import string_type
+    from sbs_widget.twomodels.compare import ModelsComparison, compare_models
     from sbs_widget.views.widget import SbsWidget
 
 
@@ -110,6 +113,7 @@ __all__ = [
     "InputError",
     "LoadError",
     "ModelMismatchError",
+    "ModelsComparison",
     "NothingJudgedWarning",
     "Prepared",
     "ProgramMismatchWarning",
@@ -127,6 +131,7 @@ __all__ = [
     "check_deployed",
     "DeployedRuntime",
     "compare_dump",
+    "compare_models",
     "coverage",
     "culprits",
     "dummy_llm",

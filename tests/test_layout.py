@@ -22,7 +22,7 @@ FLOW = (
     ("align",),
     ("engine",),
     ("blame", "deployed", "dumps"),
-    ("steps",),
+    ("steps", "twomodels"),
     ("graphs",),
     ("views",),
     ("gate",),

@@ -43,6 +43,9 @@ def register_cli(sub) -> None:
                     "then the spread of each pair's error over them, the pairs that differ on some inputs only first "
                     "(-o: one row per pair, .csv, .xlsx or .parquet; .html: the offline report with the spread)")
     _common(p)
+    p.add_argument("--onnx-b", default=None, metavar="B",
+                   help="a transformed copy of --onnx (simplified, optimized, float16, quantized): both against the "
+                        "program in one run, each value saying which side departs (columns b_*)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="with several --inputs: worker processes (default: min(CPUs, files, 4); 0: in this process)")
     p.set_defaults(func=_compare)
@@ -77,6 +80,13 @@ def _check_output(path: str | None) -> None:
 
 
 def _compare(args) -> int:
+    if args.onnx_b is not None:
+        from sbs_widget.cli.two_models import compare_two
+
+        if len(args.inputs) > 1:
+            raise InputError("--onnx-b compares on one --inputs file; give one")
+        _check_output(args.output)
+        return compare_two(args, args.inputs[0])
     if len(args.inputs) > 1:
         from sbs_widget.cli.input_sets import compare_sets
 

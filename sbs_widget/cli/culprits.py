@@ -25,6 +25,8 @@ def register_cli(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list, most likely first")
     p.add_argument("--top", type=positive_int, default=10,
                    help="how many culprits at most, a positive integer (default 10)")
+    p.add_argument("--onnx-b", default=None, metavar="B",
+                   help="a transformed copy of --onnx: name the nodes of B where it departs from --onnx and torch")
     p.set_defaults(func=_culprits)
 
     r = sub.add_parser("repro", help="write a minimal ONNX model + data + replay.py reproducing one culprit",
@@ -49,6 +51,10 @@ def _files(p: argparse.ArgumentParser) -> None:
 
 
 def _culprits(args) -> int:
+    if getattr(args, "onnx_b", None) is not None:
+        from sbs_widget.cli.two_models import culprits_two
+
+        return culprits_two(args)
     from sbs_widget.blame.culprits import culprits
     from sbs_widget.engine.entry import prepare
     from sbs_widget.safe_text import clipped, visible

@@ -31,6 +31,7 @@ from onnx import numpy_helper
 # value's largest magnitude: a transformed model rounds differently (float16: ~1e-3, int8: a few %), a
 # different value of the same shape rarely comes this close
 VALUE_MATCH = 0.05
+EXACT_MATCH = 1e-3  # closer than this: the same value rounded differently, no better twin looked for
 # ops that convert a value without changing what it is (b's value is a's, in another type)
 CONVERTS = {"Cast", "CastLike", "DequantizeLinear", "Identity"}
 # ops that keep a value's elements in order under another shape (an optimizer flattens a MatMul's input
@@ -234,7 +235,19 @@ def _by_value(out: str, node, ga: _Graph, gb: _Graph, b_to_a, values_a, values_b
         pool = weights_a
     else:
         return None
-    best, best_err = None, VALUE_MATCH
+    best, best_err = _closest(got, candidates, pool, ga, VALUE_MATCH)
+    if best_err > EXACT_MATCH and pool is values_a:
+        # not equal within rounding in the window (an upstream value paired by a near miss): anywhere in a,
+        # when some value is far closer
+        anywhere, err = _closest(got, [v for v in values_a if _same_size(values_a[v], got)], pool, ga, best_err / 10)
+        if anywhere is not None:
+            best = anywhere
+    return best
+
+
+def _closest(got: np.ndarray, candidates, pool: dict, ga: _Graph, within: float) -> tuple[str | None, float]:
+    """The candidate closest to ``got`` (relative to its magnitude) under ``within``, earliest first on ties."""
+    best, best_err = None, within
     g = got.astype(np.float64)
     for v in sorted(candidates, key=lambda v: ga.position.get(v, 0)):
         e = np.asarray(pool[v], dtype=np.float64).reshape(g.shape)
@@ -245,7 +258,7 @@ def _by_value(out: str, node, ga: _Graph, gb: _Graph, b_to_a, values_a, values_b
             err = float(np.nanmax(np.abs(g - e))) / scale
         if err < best_err:
             best, best_err = v, err
-    return best
+    return best, best_err
 
 
 def _a_only(ga: _Graph, gb: _Graph, a_to_b: dict, b_to_a: dict) -> dict[str, str]:

@@ -31,6 +31,7 @@ QUANTIZED_ENVELOPE = 0.25  # ~32 int8 steps of the value's range
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
              "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "MatMulIntegerToFloat",
              "DynamicQuantizeMatMul", "QAttention", "QGemm"}
+LAYOUT_ONLY = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 SAME, FOLLOWS_A, DEPARTS, ROUNDING, INHERITS = "same", "follows a", "departs", "rounding", "inherits"
 
 
@@ -61,7 +62,9 @@ def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local:
             continue
         chain = _local_chain(v, gb, {b for b, (x, _) in matching.b_to_a.items() if x in values_a})
         precision = _precision(chain, values_b)
-        e = theirs.astype(np.float64).reshape(-1)
+        # a's value as b's type holds it (float16: rounded, beyond its range infinite, as b must hold it)
+        e = (theirs.astype(mine.dtype) if mine.dtype.itemsize < theirs.dtype.itemsize else theirs)
+        e = e.astype(np.float64).reshape(-1)
         g = mine.astype(np.float64).reshape(-1)
         err = _relative(e, g)
         if precision == "float32":
@@ -124,6 +127,11 @@ def _blamed_node(node, chain: list, gb: _Graph, values_b: dict, matching: Matchi
             got = values_b.get(n.output[0])
             if got is not None and got.dtype.kind == "f" and n.output[0] not in matching.b_to_a:
                 return n  # a converted weight that equals no weight of a (the value pass found none)
+    while node.op_type in LAYOUT_ONLY and node.input:  # a reshape moves what the node before it computed
+        upstream = next((n for n in chain if node.input[0] in n.output), None)
+        if upstream is None:
+            break
+        node = upstream
     return node
 
 

@@ -1,0 +1,102 @@
+"""Two ONNX models of one program (issue 47): the export ``a`` and a copy ``b`` transformed by the real tools
+(onnxruntime's offline optimizer, onnxslim, float16 conversion, dynamic and static QDQ quantization), both
+against the torch program in one run; faults placed in ``b`` named at the node of ``b`` that holds them."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+import sbs_widget
+from sbs_widget.samples import zoo
+from sbs_widget.samples.transforms import B_FAULTS, TRANSFORMS, feeds_for
+from sbs_widget.twomodels import verdicts as V
+
+
+@functools.lru_cache(maxsize=None)
+def _export(name: str):
+    ep, prog, args, kwargs = zoo.export(name)
+    return prog, prog.model_proto, args, kwargs
+
+
+@functools.lru_cache(maxsize=None)
+def _transformed(name: str, transform: str):
+    prog, a, args, kwargs = _export(name)
+    return TRANSFORMS[transform](a, [feeds_for(a, args, kwargs)])
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+@pytest.mark.parametrize("transform", ["ort_extended", "onnxslim", "float16", "quant_static_qdq"])
+def test_a_correct_transformation_departs_nowhere(name, transform):
+    """Every value of b is paired (names, structure, values) and none is called a departure: rounding of a
+    lower precision is told from a bug."""
+    prog, a, args, kwargs = _export(name)
+    found = sbs_widget.compare_models(prog, a, _transformed(name, transform), args, kwargs)
+    assert found.matching.coverage >= 0.9, found.matching.b_only
+    assert not found.culprits and not [r for r in found.records if r.b_status == V.DEPARTS]
+    paired = [r for r in found.records if r.b_name is not None]
+    assert paired and all(r.b_err_abs is not None for r in paired if r.b_comment == "")
+    if transform in ("float16", "quant_static_qdq"):  # b rounds more than a: said so, not a bug
+        assert any(r.b_status == V.ROUNDING for r in found.records)
+    else:
+        assert all(r.b_status == V.SAME for r in paired if r.b_status is not None)
+    frame = found.to_dataframe()
+    assert {"b_name", "b_err_abs", "b_status", "b_paired_by", "b_err_local"} <= set(frame.columns)
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+@pytest.mark.parametrize("fault, transform", [("wrong_rewrite", "ort_extended"), ("bad_float16_cast", "float16"),
+                                              ("quant_scale_2x", "quant_static_qdq"),
+                                              ("fused_wrong_constant", "ort_extended")])
+def test_a_fault_placed_in_b_is_named_first(name, fault, transform):
+    prog, a, args, kwargs = _export(name)
+    bad, edited = B_FAULTS[fault](_transformed(name, transform))
+    found = sbs_widget.compare_models(prog, a, bad, args, kwargs)
+    assert found.culprits and found.culprits[0].onnx_node in edited, (found.culprits[:3], edited)
+    assert any(r.b_status == V.DEPARTS for r in found.records) or found.culprits[0].b_value not in \
+        {r.b_name for r in found.records}
+
+
+def test_values_b_no_longer_has_say_what_they_became():
+    """onnxruntime's optimizer fuses a's MatMul + Add into Gemm, LayerNormalization + Add into
+    SkipLayerNormalization: a's values inside are one-sided, each naming the node of b they went into."""
+    prog, a, args, kwargs = _export("bert")
+    found = sbs_widget.compare_models(prog, a, _transformed("bert", "ort_extended"), args, kwargs)
+    assert found.a_only and all(why for why in found.a_only.values())
+    assert any("fused into" in why for why in found.a_only.values())
+    fused = [r for r in found.records if r.b_name is None and r.b_comment.startswith("fused into")]
+    assert fused, "the records of a's values without a twin carry why"
+
+
+def test_the_cli_names_the_node_of_b(tmp_path, capsys):
+    import onnx
+    import torch
+
+    from sbs_widget.cli.main import main
+
+    prog, a, args, kwargs = _export("resnet")
+    bad, edited = B_FAULTS["quant_scale_2x"](_transformed("resnet", "quant_static_qdq"))
+    torch.export.save(prog.exported_program, tmp_path / "p.pt2")
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(bad, tmp_path / "b.onnx")
+    torch.save(dict(zip(["pixel_values"], args)) if not kwargs else kwargs, tmp_path / "inputs.pt")
+    files = ["--ep", str(tmp_path / "p.pt2"), "--onnx", str(tmp_path / "a.onnx"), "--onnx-b", str(tmp_path / "b.onnx"),
+             "--inputs", str(tmp_path / "inputs.pt")]
+    assert main(["culprits", *files, "--json"]) == 0
+    culprits = json.loads(capsys.readouterr().out)
+    assert culprits[0]["onnx_node"] in edited and culprits[0]["model"] == "b"
+    assert main(["compare", *files, "-o", str(tmp_path / "out.csv"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "b departs at" in out and "float values paired" in out
+    import pandas
+
+    frame = pandas.read_csv(tmp_path / "out.csv")
+    assert {"departs", "inherits"} & set(frame["b_status"].dropna()), "downstream of the doubled scale"
+
+
+def test_b_must_be_a_model():
+    prog, a, args, kwargs = _export("resnet")
+    with pytest.raises(sbs_widget.InputError, match="no such file"):
+        sbs_widget.compare_models(prog, a, "/nonexistent/b.onnx", args, kwargs)
