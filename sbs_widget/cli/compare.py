@@ -86,7 +86,10 @@ def _compare(args) -> int:
         if len(args.inputs) > 1:
             raise InputError("--onnx-b compares on one --inputs file; give one")
         _check_output(args.output)
-        return compare_two(args, args.inputs[0])
+        found = compare_two(args, args.inputs[0])
+        if args.output:
+            write_records(found.records, args.output)
+        return 0
     if len(args.inputs) > 1:
         from sbs_widget.cli.input_sets import compare_sets
 

@@ -11,8 +11,8 @@ import json
 from collections import Counter
 
 
-def compare_two(args, inputs) -> int:
-    from sbs_widget.cli.compare import write_records
+def compare_two(args, inputs):
+    """Run and print the summary; the comparison is returned for ``-o`` (``cli/compare.py`` writes it)."""
     from sbs_widget.safe_text import clipped, visible
     from sbs_widget.twomodels.compare import compare_models
 
@@ -27,9 +27,7 @@ def compare_two(args, inputs) -> int:
                       f"{c.transformation}, {c.err_local:.3g} of the value's magnitude fed a's values"))
     if not found.culprits:
         print("no node of b departs beyond what its precision explains")
-    if args.output:
-        write_records(found.records, args.output)
-    return 0
+    return found
 
 
 def culprits_two(args) -> int:
