@@ -62,10 +62,7 @@ def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local:
             continue
         chain = _local_chain(v, gb, {b for b, (x, _) in matching.b_to_a.items() if x in values_a})
         precision = _precision(chain, values_b)
-        # a's value as b's type holds it (float16: rounded, beyond its range infinite, as b must hold it)
-        e = (theirs.astype(mine.dtype) if mine.dtype.itemsize < theirs.dtype.itemsize else theirs)
-        e = e.astype(np.float64).reshape(-1)
-        g = mine.astype(np.float64).reshape(-1)
+        e, g = _in_b_type(theirs, mine)
         err = _relative(e, g)
         if precision == "float32":
             departs = not compute_errors(e, g, atol=atol, rtol=rtol).within_tolerance
@@ -76,6 +73,20 @@ def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local:
         out.append(LocalVerdict(v, pair[0], blamed.name, blamed.op_type, precision, err, departs,
                                 _transformation(chain, node, precision), position))
     return out
+
+
+def _in_b_type(theirs: np.ndarray, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a's value as b's type holds it (float16: rounded) and b's, flat in float64, without the positions
+    where a's value is beyond the range of b's type: b cannot hold those (the float16 converter clamps a
+    mask's -3.4e38 to -10000, onnxruntime makes it -inf); what b does there is judged by its consumers."""
+    e = theirs.astype(np.float64).reshape(-1)
+    g = mine.astype(np.float64).reshape(-1)
+    if mine.dtype.kind == "f" and mine.dtype.itemsize < theirs.dtype.itemsize:
+        top = float(np.finfo(mine.dtype).max)
+        keep = ~(np.abs(e) > top)
+        e = e[keep].astype(mine.dtype).astype(np.float64)
+        g = g[keep]
+    return e, g
 
 
 def _relative(e: np.ndarray, g: np.ndarray) -> float:
