@@ -78,12 +78,14 @@ def compare_models(ep, a, b, args=(), kwargs=None, *, atol: float | None = None,
     args, kwargs = load_inputs(args, kwargs)
     feeds = onnx_feeds(prepared, args, kwargs)
     a_model = prepared.index.full_model()
-    values_a = all_values(a_model, feeds)
-    values_b = all_values(b_model, feeds, providers_b)
+    b_key = _model_key(b, b_model)
+    values_a = all_values(a_model, feeds, key=("a", id(prepared)), owner=prepared)
+    values_b = all_values(b_model, feeds, providers_b, key=("b", *b_key), owner=b_model)
     matching = match_models(a_model, b_model, values_a, values_b)
     tol = prepared.tolerance(atol, rtol)
     local = V.local_verdicts(b_model, matching, values_a, values_b,
-                             local_values(b_model, matching, values_a, values_b, providers_b), tol.atol, tol.rtol)
+                             local_values(b_model, matching, values_a, values_b, providers_b, b_key),
+                             tol.atol, tol.rtol)
     second = SecondModel(_paired(matching, values_a, values_b, b_model))
     records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
     judge_records(records, local, matching)
@@ -100,6 +102,14 @@ def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
         if isinstance(value, torch.Tensor):
             feeds[onnx_name] = value.detach().cpu().numpy()
     return feeds
+
+
+def _model_key(given, model: onnx.ModelProto) -> tuple:
+    """What identifies b for its cached sessions: the file's path, size and time, or the object."""
+    if isinstance(given, (str, os.PathLike)):
+        st = os.stat(given)
+        return (os.path.abspath(os.fspath(given)), st.st_size, st.st_mtime_ns)
+    return (id(model),)
 
 
 def _load(b) -> onnx.ModelProto:

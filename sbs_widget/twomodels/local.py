@@ -17,7 +17,8 @@ _FED = "__sbs_a__"  # suffix of the graph inputs that feed a's values into b
 
 
 def local_values(b: onnx.ModelProto, matching: Matching, values_a: dict[str, np.ndarray],
-                 values_b: dict[str, np.ndarray], providers: list[str] | None = None) -> dict[str, np.ndarray]:
+                 values_b: dict[str, np.ndarray], providers: list[str] | None = None,
+                 b_key: tuple | None = None) -> dict[str, np.ndarray]:
     """``b value -> its value computed from a's values``, for every value of b a node computes."""
     graph_inputs = {i.name for i in b.graph.input}
     fed: dict[str, np.ndarray] = {}
@@ -39,4 +40,6 @@ def local_values(b: onnx.ModelProto, matching: Matching, values_a: dict[str, np.
             name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
     feeds = {k: v for k, v in values_b.items() if k in graph_inputs}
     feeds.update(fed)
-    return {k: v for k, v in all_values(rewired, feeds, providers).items() if not k.endswith(_FED)}
+    key = None if b_key is None else ("b fed a", *b_key, tuple(sorted(fed)))
+    return {k: v for k, v in all_values(rewired, feeds, providers, key=key, owner=b).items()
+            if not k.endswith(_FED)}

@@ -54,13 +54,14 @@ def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local:
                    rtol: float) -> list[LocalVerdict]:
     """A verdict for every float value of b paired with a value of a, in b's graph order."""
     gb = _Graph(b)
+    fed = {v for v, (x, _) in matching.b_to_a.items() if x in values_a}  # (what local.py feeds from a)
     out = []
     for position, v in enumerate(gb.order):
         pair = matching.b_to_a.get(v)
         mine, theirs = local.get(v), values_a.get(pair[0]) if pair else None
         if pair is None or mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
             continue
-        chain = _local_chain(v, gb, {b for b, (x, _) in matching.b_to_a.items() if x in values_a})
+        chain = _local_chain(v, gb, fed)
         precision = _precision(chain, values_b)
         e, g = _in_b_type(theirs, mine)
         err = _relative(e, g)
