@@ -10,7 +10,6 @@ a departure starts, the largest excess over what their precision explains first.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import onnx
@@ -19,13 +18,12 @@ import torch
 from sbs_widget import records as R
 from sbs_widget.engine.entry import Prepared, prepare
 from sbs_widget.engine.second_model import BPaired, SecondModel
-from sbs_widget.errors import InputError
 from sbs_widget.load.readers import load_inputs
 from sbs_widget.records import Record
 from sbs_widget.twomodels import verdicts as V
 from sbs_widget.twomodels.local import local_values
-from sbs_widget.twomodels.match import Matching, match_models
-from sbs_widget.twomodels.values import all_values
+from sbs_widget.twomodels.match import Matching
+from sbs_widget.twomodels.paired import paired_models
 
 
 @dataclasses.dataclass
@@ -72,24 +70,22 @@ def compare_models(ep, a, b, args=(), kwargs=None, *, atol: float | None = None,
     """Compare ``b`` (a transformed copy of ``a``: ModelProto or path) with ``a`` (the export of ``ep``)
     and the torch program, node by node, on one set of inputs. ``providers_b``: the execution providers
     ``b`` runs on (another provider than a's CPU: the same model on CUDA, say). ``run_options`` go to
-    ``Prepared.run``."""
-    prepared = prepare(ep, a)
-    b_model = _load(b)
+    ``Prepared.run``. ``ep`` may be a ``Prepared`` (then ``a`` is None). b's values are paired with a's
+    on the first inputs compared and the pairing kept (``paired.py``)."""
+    prepared = ep if isinstance(ep, Prepared) and a is None else prepare(ep, a)
     args, kwargs = load_inputs(args, kwargs)
     feeds = onnx_feeds(prepared, args, kwargs)
-    a_model = prepared.index.full_model()
-    b_key = _model_key(b, b_model)
-    values_a = all_values(a_model, feeds, key=("a", id(prepared)), owner=prepared)
-    values_b = all_values(b_model, feeds, providers_b, key=("b", *b_key), owner=b_model)
-    matching = match_models(a_model, b_model, values_a, values_b)
+    pair, values_a, values_b = paired_models(prepared, b, feeds, providers_b)
     tol = prepared.tolerance(atol, rtol)
-    local = V.local_verdicts(b_model, matching, values_a, values_b,
-                             local_values(b_model, matching, values_a, values_b, providers_b, b_key),
-                             tol.atol, tol.rtol)
-    second = SecondModel(_paired(matching, values_a, values_b, b_model))
+    local_key = ("b fed a", *pair.b_key, pair.providers_b)
+    local = V.local_verdicts(pair.plans, values_a,
+                             local_values(pair.rewired, values_a, feeds, pair.providers_b, local_key), tol.atol,
+                             tol.rtol)
+    second = SecondModel(_paired(pair.matching, values_a, values_b, pair.b_model))
     records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
-    judge_records(records, local, matching)
-    return ModelsComparison(records, matching, local, _culprits(local), matching.a_only, matching.b_only)
+    judge_records(records, local, pair.matching)
+    return ModelsComparison(records, pair.matching, local, _culprits(local), pair.matching.a_only,
+                            pair.matching.b_only)
 
 
 def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
@@ -102,24 +98,6 @@ def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
         if isinstance(value, torch.Tensor):
             feeds[onnx_name] = value.detach().cpu().numpy()
     return feeds
-
-
-def _model_key(given, model: onnx.ModelProto) -> tuple:
-    """What identifies b for its cached sessions: the file's path, size and time, or the object."""
-    if isinstance(given, (str, os.PathLike)):
-        st = os.stat(given)
-        return (os.path.abspath(os.fspath(given)), st.st_size, st.st_mtime_ns)
-    return (id(model),)
-
-
-def _load(b) -> onnx.ModelProto:
-    if isinstance(b, onnx.ModelProto):
-        return b
-    if isinstance(b, (str, os.PathLike)):
-        if not os.path.exists(b):
-            raise InputError(f"b: no such file {os.fspath(b)!r}: pass the transformed ONNX model's path")
-        return onnx.load(os.fspath(b))
-    raise InputError(f"b: an onnx.ModelProto or a path to the transformed model, not {type(b).__name__}")
 
 
 def _paired(matching: Matching, values_a: dict, values_b: dict, b: onnx.ModelProto) -> dict[str, BPaired]:

@@ -7,6 +7,8 @@ node fed float inputs)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 
@@ -16,30 +18,41 @@ from sbs_widget.twomodels.values import all_values
 _FED = "__sbs_a__"  # suffix of the graph inputs that feed a's values into b
 
 
-def local_values(b: onnx.ModelProto, matching: Matching, values_a: dict[str, np.ndarray],
-                 values_b: dict[str, np.ndarray], providers: list[str] | None = None,
-                 b_key: tuple | None = None) -> dict[str, np.ndarray]:
-    """``b value -> its value computed from a's values``, for every value of b a node computes."""
+@dataclasses.dataclass(frozen=True)
+class Rewired:
+    """``b`` with the values it shares with ``a`` read from graph inputs: ``fed`` maps each such input to
+    (a's value, b's dtype, b's shape)."""
+
+    model: onnx.ModelProto
+    fed: dict[str, tuple[str, np.dtype, tuple]]
+
+
+def rewire(b: onnx.ModelProto, matching: Matching, values_a: dict[str, np.ndarray],
+           values_b: dict[str, np.ndarray]) -> Rewired:
     graph_inputs = {i.name for i in b.graph.input}
-    fed: dict[str, np.ndarray] = {}
-    rewired = onnx.ModelProto()
-    rewired.CopyFrom(b)
-    for node in rewired.graph.node:
+    fed: dict[str, tuple[str, np.dtype, tuple]] = {}
+    model = onnx.ModelProto()
+    model.CopyFrom(b)
+    for node in model.graph.node:
         for k, name in enumerate(node.input):
             twin = matching.b_to_a.get(name)
             if not name or twin is None or name in graph_inputs or name not in values_b:
                 continue
-            source = values_a.get(twin[0])
-            own = values_b[name]
+            source, own = values_a.get(twin[0]), values_b[name]
             if source is None or source.size != own.size or own.dtype.kind != "f":
                 continue
-            fed.setdefault(name + _FED, np.ascontiguousarray(source.reshape(own.shape).astype(own.dtype)))
+            fed.setdefault(name + _FED, (twin[0], own.dtype, own.shape))
             node.input[k] = name + _FED
-    for name, value in fed.items():
-        rewired.graph.input.append(onnx.helper.make_tensor_value_info(
-            name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
-    feeds = {k: v for k, v in values_b.items() if k in graph_inputs}
-    feeds.update(fed)
-    key = None if b_key is None else ("b fed a", *b_key, tuple(sorted(fed)))
-    return {k: v for k, v in all_values(rewired, feeds, providers, key=key, owner=b).items()
-            if not k.endswith(_FED)}
+    for name, (_, dtype, shape) in fed.items():
+        model.graph.input.append(onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(dtype), list(shape)))
+    return Rewired(model, fed)
+
+
+def local_values(rewired: Rewired, values_a: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
+                 providers: list[str] | None = None, key: tuple | None = None) -> dict[str, np.ndarray]:
+    """``b value -> its value computed from a's values``, for every value of b a node computes."""
+    fed = {name: np.ascontiguousarray(values_a[a_name].reshape(shape).astype(dtype, copy=False))
+           for name, (a_name, dtype, shape) in rewired.fed.items()}
+    values = all_values(rewired.model, {**feeds, **fed}, providers, key=key, owner=rewired)
+    return {k: v for k, v in values.items() if not k.endswith(_FED)}

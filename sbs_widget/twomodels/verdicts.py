@@ -50,29 +50,57 @@ class LocalVerdict:
     order: int  # position in b's graph order
 
 
-def local_verdicts(b, matching: Matching, values_a: dict, values_b: dict, local: dict, atol: float,
-                   rtol: float) -> list[LocalVerdict]:
-    """A verdict for every float value of b paired with a value of a, in b's graph order."""
-    gb = _Graph(b)
+@dataclasses.dataclass(frozen=True)
+class ValuePlan:
+    """What one value of b is, worked out once per pair of models: its twin in a, the nodes of b that
+    compute it from the values fed from a, their precision, the node to blame when it departs."""
+
+    b_value: str
+    a_value: str
+    node: str  # the node computing it
+    op_type: str
+    blamed: str  # the node to blame when it departs (a converted weight before it, the node before a reshape)
+    blamed_op: str
+    precision: str
+    transformation: str
+    order: int
+
+
+def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) -> list[ValuePlan]:
+    """A plan for every float value of b paired with a value of a, in b's graph order."""
     fed = {v for v, (x, _) in matching.b_to_a.items() if x in values_a}  # (what local.py feeds from a)
     out = []
     for position, v in enumerate(gb.order):
         pair = matching.b_to_a.get(v)
-        mine, theirs = local.get(v), values_a.get(pair[0]) if pair else None
+        mine, theirs = values_b.get(v), values_a.get(pair[0]) if pair else None
         if pair is None or mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
             continue
         chain = _local_chain(v, gb, fed)
         precision = _precision(chain, values_b)
+        node = gb.producer[v]
+        blamed = _blamed_node(node, chain, gb, values_b, matching)
+        out.append(ValuePlan(v, pair[0], node.name, node.op_type, blamed.name, blamed.op_type, precision,
+                             _transformation(chain, node, precision), position))
+    return out
+
+
+def local_verdicts(plans: list[ValuePlan], values_a: dict, local: dict, atol: float,
+                   rtol: float) -> list[LocalVerdict]:
+    """Each planned value of b, computed from a's values (``local``), judged against a's."""
+    out = []
+    for plan in plans:
+        mine, theirs = local.get(plan.b_value), values_a.get(plan.a_value)
+        if mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
+            continue
         e, g = _in_b_type(theirs, mine)
         err = _relative(e, g)
-        if precision == "float32":
+        if plan.precision == "float32":
             departs = not compute_errors(e, g, atol=atol, rtol=rtol).within_tolerance
         else:
-            departs = err > (FLOAT16_ENVELOPE if precision == "float16" else QUANTIZED_ENVELOPE)
-        node = gb.producer[v]
-        blamed = _blamed_node(node, chain, gb, values_b, matching) if departs else node
-        out.append(LocalVerdict(v, pair[0], blamed.name, blamed.op_type, precision, err, departs,
-                                _transformation(chain, node, precision), position))
+            departs = err > (FLOAT16_ENVELOPE if plan.precision == "float16" else QUANTIZED_ENVELOPE)
+        node, op = (plan.blamed, plan.blamed_op) if departs else (plan.node, plan.op_type)
+        out.append(LocalVerdict(plan.b_value, plan.a_value, node, op, plan.precision, err, departs,
+                                plan.transformation, plan.order))
     return out
 
 
