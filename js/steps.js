@@ -162,6 +162,8 @@ export const STEPS_CSS = `
 .sbs-steps[hidden] { display: none; }
 .sbs-steps-head { display: flex; flex-wrap: wrap; align-items: center; gap: 4px 10px; }
 .sbs-steps-summary { font-weight: 600; }
+/* the hint on the strip's panel: JupyterLab's dark muted text on its panel colour reads at 4.2:1, under WCAG's 4.5 */
+.sbs-steps .sbs-muted { color: color-mix(in srgb, var(--sbs-fg) 80%, var(--sbs-bg2)); }
 .sbs-steps[data-state=done] .sbs-steps-summary { color: var(--sbs-fg); }
 .sbs-steps-cells { display: flex; gap: 3px; overflow-x: auto; padding-bottom: 2px; }
 .sbs-root button.sbs-step { display: flex; flex-direction: column; align-items: stretch; gap: 0; height: auto; min-width: 58px;
@@ -175,10 +177,14 @@ export const STEPS_CSS = `
 .sbs-step-top { display: flex; gap: 3px; align-items: center; }
 .sbs-step-k { font-weight: 600; }
 .sbs-step[data-computed=true] .sbs-step-k::after { content: "\\2022"; color: var(--sbs-accent); margin-left: 2px; }
-.sbs-step-mark { font-weight: 700; color: var(--sbs-bad); }
+/* the marks and a flipped token keep their colour on the view's background: on a cell tinted by a large error
+   (red, veiled in a dark theme) red text would not read */
+.sbs-step-mark { font-weight: 700; color: var(--sbs-bad); background: var(--sbs-bg); border-radius: 2px; padding: 0 2px; }
 .sbs-step-mark[data-mark=tie] { color: var(--sbs-noise); }
 .sbs-step-tok { white-space: nowrap; }
-.sbs-step-tok[data-side=onnx] { color: var(--sbs-fg2); }
-.sbs-step-tok[data-flipped=true] { color: var(--sbs-bad); font-weight: 600; }
+/* the ONNX line: the view's own text colour (a muted one is unreadable on a tinted cell in a dark theme), italic */
+.sbs-step-tok[data-side=onnx] { color: var(--sbs-fg); font-style: italic; }
+.sbs-step-tok[data-flipped=true] { color: var(--sbs-bad); font-weight: 600; background: var(--sbs-bg); border-radius: 2px;
+  padding: 0 2px; margin: 0 -2px; }
 .sbs-step-open { display: block; height: 5px; margin: 2px -4px 0; border-top: 1px solid var(--sbs-border); }
 `;
