@@ -9,6 +9,8 @@ step marked and its lockstep in the table; a click on another step streams that 
 table as a new run, which Python then reads; the sets view shows its spread columns, the input-dependent
 rows marked, the worst input; "show worst input" shows that input's own records, read back from Python.
 In the dark theme: the strip's and the sets view's text keep a WCAG contrast >= 4.5 on what is under it.
+The offline report of input sets (``compare --inputs A --inputs B -o report.html``) opened from disk draws the
+sets panel and the spread columns without a kernel, a hostile node name as text.
 
 Run: ``pytest -m browser tests/browser/test_steps_sets_hosts.py -p no:playwright``.
 """
@@ -369,3 +371,50 @@ def test_strip_and_sets_readable_in_jupyterlab_dark(lab, lab_page, tmp_path):
     page.evaluate("(name) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: name})", "JupyterLab Light")
     errors = [line for line in page.console_lines if line.startswith("pageerror")]
     assert not errors, errors
+
+
+# --- the offline report of input sets ---------------------------------------------------------------------------
+
+HOSTILE = "node_linear_1<img src=x onerror=alert(1)><b>"  # the culprit's ONNX node, renamed
+
+
+def test_sets_report_offline(chromium, tmp_path):
+    """``compare --inputs A --inputs B ... -o report.html`` (``views.report.write_sets_report``) in Chromium, from
+    disk: the sets panel and the spread columns drawn without a kernel, the input-dependent rows marked, the
+    culprits grouped across the inputs; a hostile node name is text in the view and in the plain spread below."""
+    from sets_models import length_fault
+
+    from sbs_widget.steps.input_sets import compare_input_sets
+    from sbs_widget.views.report import write_sets_report
+
+    ep, _, bad, sets = length_fault()
+    next(n for n in bad.graph.node if n.name == "node_linear_1").name = HOSTILE
+    result = compare_input_sets(ep, bad, sets, max_workers=0)
+    path = write_sets_report(result, tmp_path / "sets_report.html", title="sets <b>report</b>")
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"file://{path}")
+        view = page.locator("#sbs-report .sbs-root")
+        page.wait_for_function("() => document.querySelectorAll('.sbs-row[data-input-dependent=true]').length > 0",
+                               timeout=30_000)
+        assert view.locator(".sbs-title").text_content() == "sets <b>report</b>"
+        assert "4 input sets" in view.locator(".sbs-sets-summary").text_content()
+        assert view.locator("select[aria-label='input set']").is_disabled()  # no kernel to ask
+        heads = [t.strip() for t in view.locator(".sbs-head > div").all_text_contents()]
+        for label in ("max err", "median err", "beyond", "worst input", "input-dep."):
+            assert label in heads, heads
+        cells = [c.strip() for c in view.locator(".sbs-row[data-input-dependent=true]").first.locator("div")
+                 .all_text_contents()]
+        assert "◆ yes" in cells and "2/4" in cells, cells
+        assert view.locator(".sbs-culprits li").first.text_content().count(HOSTILE) >= 1
+        # the plain spread below the view: the same name as text, nothing injected
+        spread = page.locator("section.sbs-spread-text")
+        assert spread.locator("tr[data-input-dependent=true] td").nth(2).text_content() == HOSTILE
+        assert page.evaluate("() => document.querySelectorAll('img, script:not([id]):not([type=module])').length") == 0
+        assert spread.locator("b").count() == 0 and view.locator("b:empty").count() == 0  # no <b> from a name
+        assert not errors, errors
+    finally:
+        context.close()
