@@ -100,3 +100,25 @@ def test_b_must_be_a_model():
     prog, a, args, kwargs = _export("resnet")
     with pytest.raises(sbs_widget.InputError, match="no such file"):
         sbs_widget.compare_models(prog, a, "/nonexistent/b.onnx", args, kwargs)
+
+
+def test_the_nodes_to_leave_out_of_quantization_are_found_and_proven():
+    """The quantized nodes ranked by their own error; the fewest of the most sensitive whose exclusion
+    brings the outputs within the tolerance given, proven by quantizing again and comparing again."""
+    from sbs_widget.twomodels.quantization import advise_exclusions, ort_static
+
+    prog, a, args, kwargs = _export("bert")
+    quantize = ort_static(a, [feeds_for(a, args, kwargs)])
+    full = sbs_widget.compare_models(prog, a, quantize([]), args, kwargs)
+    worst = max(r.b_err_abs for r in full.records if r.kind == "output" and r.b_err_abs is not None)
+    advice = advise_exclusions(prog, a, quantize, args, kwargs, atol=worst / 2, rtol=0.0)
+    assert advice.sensitive and all(x[1] >= y[1] for x, y in zip(advice.sensitive, advice.sensitive[1:]))
+    assert advice.exclude and len(advice.exclude) < len(advice.sensitive), advice.tried
+    assert advice.outputs_error[0] > worst / 2 >= advice.outputs_error[1]
+    assert len(advice.tried) <= 12 and advice.tried[-1] == (len(advice.exclude), True) or \
+        (len(advice.exclude), True) in advice.tried
+    again = sbs_widget.compare_models(prog, a, advice.model, args, kwargs, atol=worst / 2, rtol=0.0)
+    outputs = [r for r in again.records if r.kind == "output" and r.b_name is not None]
+    assert outputs and all(r.b_within_tolerance for r in outputs)
+    quantized = {n.name for n in advice.model.graph.node}
+    assert all(name in quantized for name in advice.exclude), "the excluded nodes stay, in float"

@@ -54,6 +54,7 @@ class ModelsComparison:
     culprits: list[BCulprit]
     a_only: dict[str, str]
     b_only: dict[str, str]
+    b_model: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)
 
     @property
     def b_departs(self) -> list[Record]:
@@ -85,7 +86,7 @@ def compare_models(ep, a, b, args=(), kwargs=None, *, atol: float | None = None,
     records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
     judge_records(records, local, pair.matching)
     return ModelsComparison(records, pair.matching, local, _culprits(local), pair.matching.a_only,
-                            pair.matching.b_only)
+                            pair.matching.b_only, pair.b_model)
 
 
 def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
