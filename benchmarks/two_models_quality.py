@@ -16,6 +16,7 @@ from sbs_widget.samples import zoo
 from sbs_widget.samples.transforms import B_FAULTS, TRANSFORMS, feeds_for
 from sbs_widget.twomodels.compare import compare_models
 
+CLEAN = ("onnxslim", "onnxsim", "ort_all", "quant_dynamic")
 PLAN = {"wrong_rewrite": "ort_extended", "bad_float16_cast": "float16", "quant_scale_2x": "quant_static_qdq",
         "fused_wrong_constant": "ort_extended"}
 names = sys.argv[1:]
@@ -26,7 +27,7 @@ for name in names:
     a = prog.model_proto
     feeds = feeds_for(a, args, kw)
     made = {}
-    for t in sorted(set(PLAN.values()) | {"onnxslim", "ort_all", "quant_dynamic"}):
+    for t in sorted(set(PLAN.values()) | set(CLEAN)):
         try:
             made[t] = TRANSFORMS[t](a, [feeds])
         except Exception as e:

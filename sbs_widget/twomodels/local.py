@@ -36,8 +36,8 @@ def rewire(b: onnx.ModelProto, matching: Matching, values_a: dict[str, np.ndarra
     for node in model.graph.node:
         for k, name in enumerate(node.input):
             twin = matching.b_to_a.get(name)
-            if not name or twin is None or name in graph_inputs or name not in values_b:
-                continue
+            if not name or twin is None or twin[1] == "dequantized" or name in graph_inputs or name not in values_b:
+                continue  # (a value paired after its dequantization is not the twin's value: b computes it)
             source, own = values_a.get(twin[0]), values_b[name]
             if source is None or source.size != own.size or own.dtype.kind != "f":
                 continue

@@ -99,12 +99,44 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
             twin = _by_value(out, node, ga, gb, b_to_a, values_a, values_b, weights_a)
             if twin is not None:
                 b_to_a[out] = (twin, "value")
+    params = _quantization_parameters(gb)
+    _dequantized_later(gb, b_to_a, params, values_b)
     a_to_b: dict[str, list[str]] = defaultdict(list)
     for bv in gb.order:
         if bv in b_to_a:
             a_to_b[b_to_a[bv][0]].append(bv)
-    b_float = [v for v in gb.order if _is_float(values_b.get(v))]
-    return Matching(b_to_a, dict(a_to_b), _a_only(ga, gb, a_to_b, b_to_a), _b_only(gb, b_to_a, values_b), b_float)
+    b_float = [v for v in gb.order if _is_float(values_b.get(v)) and v not in params]
+    b_only = _b_only(gb, b_to_a, values_b)
+    b_only.update({v: "a quantization scale (not a value of the program)" for v in params if v not in b_to_a})
+    return Matching(b_to_a, dict(a_to_b), _a_only(ga, gb, a_to_b, b_to_a), b_only, b_float)
+
+
+def _quantization_parameters(gb: _Graph) -> set[str]:
+    """The scales of dynamic quantization and the values computed from scales and weights alone (a
+    product of scales): parameters of b's arithmetic, not values of the program (not counted)."""
+    params: set[str] = set()
+    for n in gb.nodes:
+        if n.op_type == "DynamicQuantizeLinear" and len(n.output) > 1 and n.output[1]:
+            params.add(n.output[1])
+        elif n.input and any(i in params for i in n.input) and \
+                all(i in params or i in gb.initializers or gb.constant(i) for i in n.input if i):
+            params.update(o for o in n.output if o)
+    return params
+
+
+def _dequantized_later(gb: _Graph, b_to_a: dict, params: set[str], values_b: dict) -> None:
+    """An integer kernel's accumulator cast to float, multiplied by scales (and given its bias) into a paired
+    value, is that value before its dequantization: paired with it (``"dequantized"``: compared after)."""
+    for v in reversed(gb.order):
+        if v in b_to_a or not _is_float(values_b.get(v)) or v in params:
+            continue
+        users = gb.consumers.get(v, [])
+        if len(users) != 1 or users[0].op_type not in ("Mul", "Add") or not users[0].output:
+            continue
+        other = [i for i in users[0].input if i != v]
+        out = users[0].output[0]
+        if other and all(i in params or i in gb.initializers or gb.constant(i) for i in other) and out in b_to_a:
+            b_to_a[v] = (b_to_a[out][0], "dequantized")
 
 
 class _Graph:

@@ -68,10 +68,12 @@ class ValuePlan:
 
 def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) -> list[ValuePlan]:
     """A plan for every float value of b paired with a value of a, in b's graph order."""
-    fed = {v for v, (x, _) in matching.b_to_a.items() if x in values_a}  # (what local.py feeds from a)
+    fed = {v for v, (x, how) in matching.b_to_a.items() if x in values_a and how != "dequantized"}  # (local.py's)
     out = []
     for position, v in enumerate(gb.order):
         pair = matching.b_to_a.get(v)
+        if pair is not None and pair[1] == "dequantized":  # (compared after its product with the scales)
+            continue
         mine, theirs = values_b.get(v), values_a.get(pair[0]) if pair else None
         if pair is None or mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
             continue
