@@ -109,3 +109,23 @@ def test_cli_html_report_holds_the_spread_as_text(files):
     assert row["spread:input_dependent"] is True and row["spread:n_beyond"] == 2 and row["spread:n_inputs"] == 4
     assert row["err_abs"] == row["spread:err_abs_max"] and row["onnx_node_name"] == HOSTILE
     assert state["culprits"][0]["onnx_node"] == HOSTILE and state["culprits"][0]["count"] == 2
+
+
+def test_widget_save_html_keeps_the_spread(tmp_path):
+    """``SbsWidget.from_input_sets(...).save_html``: the runs it shows (all inputs, then an input's own records)
+    with the spread columns, the sets panel's state, and the plain spread below the view."""
+    import sbs_widget
+
+    ep, _, bad, sets = length_fault()
+    w = sbs_widget.SbsWidget.from_input_sets(ep, bad, sets, max_workers=0, title="sets").wait()
+    w.show_input(3)
+    data, section = _page_parts(w.save_html(tmp_path / "w.html").read_text(encoding="utf-8"))
+    state = data["state"]
+    assert state["columns"][-1] == "spread:input_dependent" and state["input_spread"]["n_inputs"] == 4
+    assert sorted(data["runs"]) == ["0", "1"] and state["runs_meta"][1]["input"] == 3
+    for run in data["runs"].values():  # every run's rows carry the spread of their pair
+        rows = [dict(zip(state["columns"], row)) for row in run]
+        row = next(r for r in rows if r["onnx_name"] == "linear_1")
+        assert row["spread:input_dependent"] is True and row["spread:n_beyond"] == 2
+    assert len(data["runs"]["1"]) == len(w.input_sets.records[3])
+    assert _rows(section, "sbs-input-dependent")[0][1] == "linear_1"
