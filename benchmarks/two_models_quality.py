@@ -13,7 +13,7 @@ import warnings
 
 warnings.simplefilter("ignore")
 from sbs_widget.samples import zoo
-from sbs_widget.samples.transforms import B_FAULTS, TRANSFORMS, feeds_for
+from sbs_widget.samples.transforms import B_FAULTS, TRANSFORMS, exporter_optimize_pair, feeds_for
 from sbs_widget.twomodels.compare import compare_models
 
 CLEAN = ("onnxslim", "onnxsim", "ort_all", "quant_dynamic")
@@ -43,6 +43,15 @@ for name in names:
             st[r.b_status] = st.get(r.b_status, 0) + 1
         clean_departs += st.get('departs', 0)
         print(f"CLEAN {name} {t}: cov {c.matching.coverage:.2f} of {len(c.matching.b_float)}; departs {st.get('departs',0)}; culprits {[(x.onnx_node, x.op_type) for x in c.culprits[:2]]}")
+    try:  # the exporter's own optimizer: optimize=False (a) against optimize=True (b), one translation
+        ep2, a2, b2, args2, kw2 = exporter_optimize_pair(name)
+        c = compare_models(ep2, a2, b2, args2, kw2)
+        departs = sum(1 for r in c.records if r.b_status == "departs")
+        clean_departs += departs
+        print(f"CLEAN {name} exporter_optimize: cov {c.matching.coverage:.2f} of {len(c.matching.b_float)}; "
+              f"departs {departs}; culprits {[(x.onnx_node, x.op_type) for x in c.culprits[:2]]}")
+    except Exception as e:
+        print(name, "exporter_optimize", "compare failed", type(e).__name__, str(e)[:150])
     for fault, t in PLAN.items():
         if t not in made:
             continue

@@ -122,3 +122,23 @@ def test_the_nodes_to_leave_out_of_quantization_are_found_and_proven():
     assert outputs and all(r.b_within_tolerance for r in outputs)
     quantized = {n.name for n in advice.model.graph.node}
     assert all(name in quantized for name in advice.exclude), "the excluded nodes stay, in float"
+
+
+def test_the_same_model_on_another_provider():
+    """``providers_b``: b is the model as another execution provider runs it. CI has the CPU only: the
+    CPU against itself agrees everywhere; a provider this build lacks is refused by name (onnxruntime
+    would fall back to the CPU without saying so)."""
+    prog, a, args, kwargs = _export("resnet")
+    found = sbs_widget.compare_models(prog, a, a, args, kwargs, providers_b=["CPUExecutionProvider"])
+    assert found.matching.coverage == 1.0 and not found.culprits
+    assert {r.b_status for r in found.records if r.b_name is not None} == {V.SAME}
+    with pytest.raises(sbs_widget.InputError, match="not in this onnxruntime build"):
+        sbs_widget.compare_models(prog, a, a, args, kwargs, providers_b=["NoSuchExecutionProvider"])
+
+
+def test_the_exporters_optimizer_against_its_own_translation():
+    from sbs_widget.samples.transforms import exporter_optimize_pair
+
+    ep, a, b, args, kwargs = exporter_optimize_pair("llama")
+    found = sbs_widget.compare_models(ep, a, b, args, kwargs)
+    assert found.matching.coverage >= 0.9 and not found.culprits

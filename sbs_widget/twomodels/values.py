@@ -33,6 +33,7 @@ def all_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], providers: 
     """``name -> value`` for every tensor value the graph's nodes compute (plus the feeds). A value the
     runtime cannot return as a tensor (a sequence, an optional) is left out."""
     providers = list(providers or ["CPUExecutionProvider"])
+    _check_providers(providers)
     session, names, inputs = _session(model, providers, key, owner)
     missing = inputs - set(feeds)
     if missing:
@@ -42,6 +43,16 @@ def all_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], providers: 
     values = dict(zip(names, (np.asarray(v) for v in out)))
     values.update({k: v for k, v in feeds.items() if k in inputs})
     return values
+
+
+def _check_providers(providers: list[str]) -> None:
+    import onnxruntime as ort
+
+    missing = [p for p in providers if p not in ort.get_available_providers()]
+    if missing:  # (onnxruntime would fall back to the CPU with a warning: b would not be what was asked)
+        raise InputError(f"execution providers {missing} are not in this onnxruntime build (it has "
+                         f"{ort.get_available_providers()}); install the build that has them (onnxruntime-gpu for "
+                         "CUDA) or compare on the providers it has")
 
 
 def _session(model: onnx.ModelProto, providers: list[str], key: tuple | None, owner):
