@@ -20,7 +20,7 @@ CLEAN = ("onnxslim", "onnxsim", "ort_all", "quant_dynamic")
 PLAN = {"wrong_rewrite": "ort_extended", "bad_float16_cast": "float16", "quant_scale_2x": "quant_static_qdq",
         "fused_wrong_constant": "ort_extended"}
 names = sys.argv[1:]
-hits = total = clean_departs = 0
+hits = total = clean_departs = clean_culprits = 0
 begin = time.perf_counter()
 for name in names:
     ep, prog, args, kw = zoo.export(name)
@@ -42,12 +42,14 @@ for name in names:
         for r in c.records:
             st[r.b_status] = st.get(r.b_status, 0) + 1
         clean_departs += st.get('departs', 0)
+        clean_culprits += len(c.culprits)
         print(f"CLEAN {name} {t}: cov {c.matching.coverage:.2f} of {len(c.matching.b_float)}; departs {st.get('departs',0)}; culprits {[(x.onnx_node, x.op_type) for x in c.culprits[:2]]}")
     try:  # the exporter's own optimizer: optimize=False (a) against optimize=True (b), one translation
         ep2, a2, b2, args2, kw2 = exporter_optimize_pair(name)
         c = compare_models(ep2, a2, b2, args2, kw2)
         departs = sum(1 for r in c.records if r.b_status == "departs")
         clean_departs += departs
+        clean_culprits += len(c.culprits)
         print(f"CLEAN {name} exporter_optimize: cov {c.matching.coverage:.2f} of {len(c.matching.b_float)}; "
               f"departs {departs}; culprits {[(x.onnx_node, x.op_type) for x in c.culprits[:2]]}")
     except Exception as e:
@@ -68,5 +70,5 @@ for name in names:
         first = c.culprits[0].onnx_node if c.culprits else None
         hits, total = hits + (first in edited), total + 1
         print(f"FAULT {name} {fault} on {t}: first {first} edited {edited} -> {'HIT' if first in edited else 'MISS'}; culprits {[(x.onnx_node, x.op_type, round(x.excess,1)) for x in c.culprits[:3]]}")
-print(f"faults named first: {hits} of {total}; values called a departure on correct transformations: {clean_departs}"
-      f" ({time.perf_counter() - begin:.0f} s)")
+print(f"faults named first: {hits} of {total}; on correct transformations: {clean_departs} values called a "
+      f"departure, {clean_culprits} culprits ({time.perf_counter() - begin:.0f} s)")

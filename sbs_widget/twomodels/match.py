@@ -74,6 +74,7 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
     for name in gb.inputs:
         if name in ga.inputs:
             b_to_a[name] = (name, "name")
+    _back_through_layout(gb, b_to_a, values_a, values_b)
     for node in gb.nodes:  # 2. structure, 3. values, in b's graph order (a node's inputs are paired first)
         if node.domain == BLOCKED_LAYOUT:  # (values in a blocked layout: their elements in another order)
             continue
@@ -109,6 +110,28 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
     b_only = _b_only(gb, b_to_a, values_b)
     b_only.update({v: "a quantization scale (not a value of the program)" for v in params if v not in b_to_a})
     return Matching(b_to_a, dict(a_to_b), _a_only(ga, gb, a_to_b, b_to_a), b_only, b_float)
+
+
+def _back_through_layout(gb: _Graph, b_to_a: dict, values_a: dict, values_b: dict) -> None:
+    """A reshape, a cast or a dequantization of a quantization keeps what a value is: where its output kept
+    its name, its input is the same value of a (the input of a Reshape an optimizer named as the MatMul
+    output it replaced; what a Gemm computes before its output is quantized). From the outputs back."""
+    for node in reversed(gb.nodes):
+        if node.op_type not in RESHAPES | CONVERTS or not node.input or not node.output:
+            continue
+        out, src = node.output[0], node.input[0]
+        if out not in b_to_a:
+            continue
+        if node.op_type == "DequantizeLinear":  # through the QuantizeLinear before it
+            q = gb.producer.get(src)
+            if q is None or q.op_type != "QuantizeLinear" or not q.input:
+                continue
+            src = q.input[0]
+        twin = b_to_a[out][0]
+        e = values_a.get(twin)
+        if src and src not in b_to_a and src in gb.producer and _same_size(e, values_b.get(src)) \
+                and not _far(e, values_b.get(out)) and not _far(e, values_b.get(src)):
+            b_to_a[src] = (twin, "structure")  # (a kept name on another value, a clamping range: not followed)
 
 
 def _quantization_parameters(gb: _Graph) -> set[str]:
