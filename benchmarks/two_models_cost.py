@@ -4,6 +4,7 @@ whole run, its pairing with a, b fed a's values, and the lockstep run measuring 
 
     python benchmarks/two_models_cost.py                      # bert, b = static QDQ quantization
     python benchmarks/two_models_cost.py --model llama --transform float16
+    python benchmarks/two_models_cost.py --model bert --layers 4 --hidden 256 --seq 128
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ def main() -> int:
     ap.add_argument("--model", default="bert")
     ap.add_argument("--transform", default="quant_static_qdq")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     from sbs_widget.engine.entry import prepare
@@ -26,7 +30,8 @@ def main() -> int:
     from sbs_widget.samples.transforms import TRANSFORMS, feeds_for
     from sbs_widget.twomodels.compare import compare_models
 
-    ep, prog, args, kwargs = zoo.export(a.model)
+    size = {k: v for k, v in (("layers", a.layers), ("hidden", a.hidden), ("seq", a.seq)) if v is not None}
+    ep, prog, args, kwargs = zoo.export(a.model, **size)
     model = prog.model_proto
     b = TRANSFORMS[a.transform](model, [feeds_for(model, args, kwargs)])
     p = prepare(prog, model)
@@ -43,7 +48,7 @@ def main() -> int:
         found = compare_models(prog, model, b, *fresh[1])
         three.append(time.perf_counter() - begin)
     med = statistics.median
-    print(f"model {a.model}, b = {a.transform}: {len(found.records)} records, b's values paired "
+    print(f"model {a.model} {size or ''}, b = {a.transform}: {len(found.records)} records, b's values paired "
           f"{found.matching.coverage:.0%}, culprits {len(found.culprits)}")
     print(f"two-way {med(two) * 1e3:.0f} ms, three-way {med(three) * 1e3:.0f} ms: three-way / two-way = "
           f"{med(three) / med(two):.2f} (target <= 1.5)")
