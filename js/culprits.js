@@ -17,7 +17,10 @@ export function createCulpritsPanel({ onSelect }) {
       clear(list);
       el.hidden = items.length === 0;
       head.textContent = `Culprits: where the discrepancy starts (${items.length})`;
+      const inB = items.some((c) => c.side === "b");
+      if (inB) head.textContent = `Culprits in b: where b departs from a (${items.length})`;
       for (const c of items) {
+        if (c.side === "b") { list.append(bItem(c, onSelect)); continue; }
         const name = h("button", {
           class: "sbs-culprit-link",
           text: visible(`${c.onnx_op_type || "?"} ${c.onnx_node || c.onnx_name || "?"}`),
@@ -31,4 +34,20 @@ export function createCulpritsPanel({ onSelect }) {
       }
     },
   };
+}
+
+/** A culprit in b (two models, BCulprit): the node of b, its op, the transformation that made it, its
+ *  err_local (fed a's values) and how far beyond what its precision explains. */
+function bItem(c, onSelect) {
+  const name = h("button", {
+    class: "sbs-culprit-link",
+    text: visible(`${c.op_type || "?"} ${c.onnx_node || c.b_value || "?"}`),
+    title: `select ${visible(c.b_value || c.a_value || "")} in the table`,
+    style: { fontFamily: "var(--sbs-mono, monospace)", cursor: "pointer" },
+    onclick: () => { if (Number.isInteger(c.i)) onSelect(c.i); },
+  });
+  const value = c.b_value ? ` (b value ${visible(c.b_value)}${c.a_value && c.a_value !== c.b_value ? `, a value ${visible(c.a_value)}` : ""})` : "";
+  return h("li", { "data-i": String(c.i), "data-side": "b", "data-node": c.onnx_node || "" }, name,
+    h("span", { class: "sbs-muted", text: `${value} err_local ${fmt(c.err_local)}, ${fmt(c.excess)}× its precision: ` }),
+    h("span", { class: "sbs-culprit-transformation", text: visible(c.transformation || c.precision || "", true) }));
 }

@@ -89,6 +89,13 @@ export function renderDetail(container, row, ctx) {
     kv([["value", row.onnx_name], ["node", row.onnx_node_name], ["op", row.onnx_op_type], ["shape", row.onnx_shape_type],
       ["time", fmtSeconds(row.onnx_time_run)]]),
   );
+  // two models (SbsWidget.from_models): the value's twin in b, its verdict, or why it has none
+  if (has(row.b_name) || has(row.b_status) || row.b_comment) {
+    container.append(h("h4", { text: "ONNX b (transformed)" }),
+      kv([["value", row.b_name ?? "no twin in b"], ["node", row.b_node_name], ["op", row.b_op_type], ["paired by", row.b_paired_by],
+        ["err_abs", has(row.b_err_abs) ? fmtErr(row.b_err_abs) : null], ["err_rel", has(row.b_err_rel) ? fmtErr(row.b_err_rel) : null],
+        ["err_local", has(row.b_err_local) ? fmtErr(row.b_err_local) : null], ["verdict", row.b_status], ["why", row.b_comment]]));
+  }
   if (row.module) container.append(h("h4", { text: "module" }), h("div", { class: "sbs-trace", text: visible(row.module) }));
   if (row.stack_trace) container.append(h("h4", { text: "stack trace" }), h("div", { class: "sbs-trace", text: visible(row.stack_trace, true) }));
   if (row.comment) container.append(h("h4", { text: "comment" }), h("div", { class: "sbs-trace", text: messageText(row.comment) }));

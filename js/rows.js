@@ -2,6 +2,7 @@
 // tolerance logic of the table (kept free of DOM so it is tested directly and stays fast).
 
 import { SEVERITY, fromJson, isNumeric, isWithin } from "./rules.js";
+import { isBDeparts } from "./models.js";
 
 export { isNumeric, isWithin };
 
@@ -40,7 +41,8 @@ export class RunRows {
   }
 }
 
-const SEARCHED = ["ep_name", "ep_origin", "onnx_name", "onnx_node_name", "onnx_op_type", "ep_target", "module", "inner_op"];
+const SEARCHED = ["ep_name", "ep_origin", "onnx_name", "onnx_node_name", "onnx_op_type", "ep_target", "module", "inner_op",
+  "b_name", "b_node_name", "b_op_type"]; // (b_*: the second model's twin, js/models.js)
 
 /** The search box's text as terms: {text, exact}. A term in double quotes ("mul_3") matches a name, op,
  *  target or module equal to it (case ignored), not one holding it (MatMul_3a); other words match
@@ -78,7 +80,8 @@ export const isNoise = (row) => row.status === "noise" || row.noise === true;
 
 /** Indices of the rows passing `filter`:
  *  {text: "words all present in names/op/target/module, \"quoted\" ones equal to one", beyond: bool, hideNoise: bool, col: "err_abs",
- *   min, max, status, inputDependent: bool (input sets: the pairs beyond tolerance on some inputs only)} */
+ *   min, max, status, inputDependent: bool (input sets: the pairs beyond tolerance on some inputs only),
+ *   bDeparts: bool (two models: the rows where b departs or inherits a departure)} */
 export function filterIndex(rows, filter = {}, tol = {}) {
   const terms = parseSearch(filter.text);
   const col = filter.col || "err_abs";
@@ -91,6 +94,7 @@ export function filterIndex(rows, filter = {}, tol = {}) {
     if (filter.status && row.status !== filter.status) continue;
     if (filter.hideNoise && isNoise(row)) continue;
     if (filter.inputDependent && row["spread:input_dependent"] !== true) continue; // input sets: js/sets.js
+    if (filter.bDeparts && !isBDeparts(row)) continue; // two models: js/models.js
     if (terms.length) {
       let ok = true;
       for (const w of terms) if (w.exact ? !exactNames(row).has(w.text) : !searchText(row).includes(w.text)) { ok = false; break; }

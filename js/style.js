@@ -3,6 +3,7 @@
 import { themeCSS } from "./theme.js";
 import { STEPS_CSS } from "./steps.js";
 import { SETS_CSS } from "./sets.js";
+import { MODELS_CSS } from "./models.js";
 
 export const ROW_HEIGHT = 22;
 export const VIEW_HEIGHT = 396; // 18 rows
@@ -145,4 +146,5 @@ ${themeCSS([".sbs-root", ".sbs-page"])}
 .sbs-graphs-box > summary { cursor: pointer; color: var(--sbs-fg2); }
 .sbs-graphs-host { min-height: 40px; }
 ${STEPS_CSS}
-${SETS_CSS}`;
+${SETS_CSS}
+${MODELS_CSS}`;

@@ -6,6 +6,7 @@ import { fmtErr, fmtInt, fmtMetric, visible } from "./format.js";
 import { isMetric, metricName } from "./rules.js";
 import { ROW_HEIGHT, VIEW_HEIGHT } from "./style.js";
 import { isInputDependent, spreadColumns } from "./sets.js";
+import { B_COLUMNS } from "./models.js";
 
 const OVERSCAN = 6;
 
@@ -36,14 +37,15 @@ export function metricColumn(key) {
 }
 
 /** The table's columns for the model's `columns`: the fixed ones, each metric's before "module", the
- *  spread's of input sets (js/sets.js) after "err_abs". */
-export function tableColumns(keys = []) {
+ *  spread's of input sets (js/sets.js) after "err_abs"; with `b` (two models, js/models.js) b's columns
+ *  before the metrics. */
+export function tableColumns(keys = [], { b = false } = {}) {
   const metrics = keys.filter(isMetric).map(metricColumn);
   const spread = spreadColumns(keys);
-  if (!metrics.length && !spread.length) return COLUMNS;
+  if (!metrics.length && !spread.length && !b) return COLUMNS;
   const at = COLUMNS.findIndex((c) => c.key === "module");
   const err = COLUMNS.findIndex((c) => c.key === "err_abs") + 1;
-  return [...COLUMNS.slice(0, err), ...spread, ...COLUMNS.slice(err, at), ...metrics, ...COLUMNS.slice(at)];
+  return [...COLUMNS.slice(0, err), ...spread, ...COLUMNS.slice(err, at), ...(b ? B_COLUMNS : []), ...metrics, ...COLUMNS.slice(at)];
 }
 
 /** Width of the "#" column for `n` rows: 44px up to 999, then as wide as the largest index written
@@ -114,6 +116,7 @@ export function createTable(opts) {
   };
 
   let cols = COLUMNS; // the fixed columns, and one per metric (setColumns)
+  let hasB = false; // b's columns (two models: js/models.js)
   let INNER = cols.findIndex((c) => c.key === "_inner");
   let FX_NAME = cols.findIndex((c) => c.key === "ep_name");
   setFlat(true);
@@ -169,13 +172,17 @@ export function createTable(opts) {
     rowEl.setAttribute("aria-selected", on ? "true" : "false");
     if (isInputDependent(row)) rowEl.dataset.inputDependent = "true";
     else delete rowEl.dataset.inputDependent;
+    if (hasB) {
+      rowEl.dataset.bStatus = row.b_status || "";
+      rowEl.dataset.bTwin = row.b_name === null || row.b_name === undefined ? "none" : "paired";
+    }
     const child = paintInner(rowEl, k, row);
     for (let c = 1; c < cols.length; c++) {
       if (c === INNER) continue;
       const text = cellText(cols[c], row, child);
       const cell = rowEl._cells[c];
       if (cell.textContent !== text) cell.textContent = text;
-      const title = c === FX_NAME && child ? visible(row.ep_name) : text; // an inner row's full name
+      const title = c === FX_NAME && child ? visible(row.ep_name) : cols[c].tip ? cols[c].tip(row) : text; // an inner row's full name
       if (cell.title !== title) cell.title = title;
     }
     rowEl._tick.checked = opts.isTicked(row);
@@ -289,9 +296,11 @@ export function createTable(opts) {
       for (const p of parts) foot.append(h("span", { text: p }));
     },
     repaint: render,
-    /** The model's `columns` (record fields, then "metric:<name>" keys): a metric column each. */
-    setColumns(keys) {
-      const next = tableColumns(keys || []);
+    /** The model's `columns` (record fields, then "metric:<name>" keys): a metric column each; `b`: b's
+     *  columns too (two models). */
+    setColumns(keys, { b = false } = {}) {
+      const next = tableColumns(keys || [], { b });
+      hasB = b;
       if (next.length === cols.length && next.every((c, k) => c.key === cols[k].key)) return;
       cols = next;
       INNER = cols.findIndex((c) => c.key === "_inner");

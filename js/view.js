@@ -19,6 +19,7 @@ import { createCulpritsPanel } from "./culprits.js";
 import { CHECK_DEPLOYED, createDeployedBanner } from "./deployed.js";
 import { STEP_MESSAGE, createStepStrip } from "./steps.js";
 import { INPUT_MESSAGE, createSetsPanel } from "./sets.js";
+import { createModelsPanel } from "./models.js";
 import { toCSV } from "./csv.js";
 import { detectHost } from "./theme.js";
 
@@ -59,7 +60,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   const on = (event, fn) => { model.on(event, fn); disposers.push(() => model.off(event, fn)); };
 
   let shown = model.get("run_id");
-  let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "", inputDependent: false };
+  let filter = { text: "", beyond: false, hideNoise: false, status: "", col: "err_abs", min: "", max: "", inputDependent: false, bDeparts: false };
   let sort = { key: null, dir: 1 };
   let index = new Uint32Array(0); // the rows drawn, in screen order (inner rows of closed parents left out)
   let flat = index; // every row the filters select, in the same order (CSV, view_rows)
@@ -110,8 +111,9 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   // the range filter's columns: the errors, then each metric (its name as text: it comes from a user)
   const updateColumns = () => {
     const keys = model.get("columns") || [];
-    table.setColumns(keys);
-    const choices = ["err_abs", "err_rel", "err_local", "err_dev", "min_atol", ...keys.filter(isMetric)];
+    const b = models.active(); // two models: b's columns, its errors in the range filter (js/models.js)
+    table.setColumns(keys, { b });
+    const choices = ["err_abs", "err_rel", "err_local", "err_dev", "min_atol", ...(b ? ["b_err_abs", "b_err_rel", "b_err_local"] : []), ...keys.filter(isMetric)];
     const current = colSel.value || filter.col;
     colSel.replaceChildren(...choices.map((s) => h("option", { value: s, text: isMetric(s) ? visible(metricName(s)) : s, selected: s === current })));
     if (!choices.includes(current)) filter = { ...filter, col: "err_abs" };
@@ -176,6 +178,14 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     onFilter: () => readFilter(),
   });
   const updateSets = () => sets.update(model.get("input_spread"), { live, shownInput: (meta()[shown] || {}).input ?? null, row: focus >= 0 ? rowsShown()[focus] : null });
+  // two models (issue 47): b's summary and the "b departs" filter above the table, b's columns in it
+  const models = createModelsPanel({ onFilter: () => readFilter() });
+  const updateModels = () => {
+    const was = models.active();
+    models.update(model.get("models_b"));
+    if (models.active() !== was) updateColumns();
+  };
+  models.update(model.get("models_b"));
   const graphsHost = h("div", { class: "sbs-graphs-host" });
   const graphsBox = h("details", { class: "sbs-graphs-box" }, h("summary", { text: "Graphs" }), graphsHost);
 
@@ -187,6 +197,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
     deployed.el,
     strip.el,
     sets.el,
+    models.el,
     h("div", { class: "sbs-bar" },
       search, h("label", {}, beyond, "only beyond tolerance"),
       h("label", { title: "hide the pairs whose difference is rounding: onnxruntime about as close to a float64 reference as torch (status noise, and reset pairs that were noise)" }, hideNoise, "hide noise"),
@@ -325,7 +336,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   }
 
   function readFilter() {
-    filter = { text: search.value, beyond: beyond.checked, hideNoise: hideNoise.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value, inputDependent: sets.onlyDependent() };
+    filter = { text: search.value, beyond: beyond.checked, hideNoise: hideNoise.checked, status: statusSel.value, col: colSel.value, min: minIn.value, max: maxIn.value, inputDependent: sets.onlyDependent(), bDeparts: models.onlyDeparts() };
     refresh();
   }
   for (const input of [search, minIn, maxIn]) input.addEventListener("input", readFilter);
@@ -443,6 +454,7 @@ export function createView({ model, el, mountGraphs, prewarmGraphs }) {
   on("change:progress", () => { updateStatus(); request(progress().run); updateStrip(); });
   on("change:decoding", updateStrip);
   on("change:input_spread", updateSets);
+  on("change:models_b", () => { updateModels(); readFilter(); });
   on("change:status", updateStatus);
   on("change:message", updateStatus);
   on("change:run_id", () => { updateRuns(); showRun(model.get("run_id")); });

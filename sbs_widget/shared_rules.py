@@ -74,6 +74,15 @@ whether the pair is input-dependent): each prefixed with ``SPREAD_PREFIX``."""
 SPREAD_NUMERIC = ("err_abs_max", "err_abs_median", "n_beyond", "n_inputs", "worst_input")
 """The spread columns holding numbers (a string there is a non-finite number)."""
 
+B_STATUSES = ("same", "follows a", "departs", "rounding", "inherits")
+"""Values of ``Record.b_status`` (``twomodels/verdicts.py``): b's value against torch's, told apart from a's."""
+
+B_DEPARTS = ("departs", "inherits")
+"""The b statuses the view's "b departs" filter keeps: b's own nodes depart there, or inherit a departure."""
+
+B_PAINT = {"same": OK, "follows a": MISMATCH, "departs": MISMATCH, "rounding": NOISE, "inherits": MISMATCH}
+"""The status a node of b is painted with in its graph (``error_color`` of ``b_err_abs``, as a's nodes)."""
+
 NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 """JSON has no NaN/Infinity: they travel as these strings, which JS ``Number()`` reads back."""
 
@@ -121,6 +130,9 @@ SPEC = {
     "SPREAD_PREFIX": SPREAD_PREFIX,
     "SPREAD_FIELDS": SPREAD_FIELDS,
     "SPREAD_NUMERIC": SPREAD_NUMERIC,
+    "B_STATUSES": B_STATUSES,
+    "B_DEPARTS": B_DEPARTS,
+    "B_PAINT": B_PAINT,
     "NON_FINITE": NON_FINITE,
     "BROADCAST": BROADCAST,
     "GRAPH_SPEC_MARKER": GRAPH_SPEC_MARKER,

@@ -10,9 +10,12 @@ import { createPane, el } from "./pane.js";
 import { CSS } from "./style.js";
 import { colorFor as defaultColorFor, ERROR_FILL, ERROR_LINE, errorColor, NOISE_FILL, NOT_COMPARED, ONE_SIDED_FILL, RESET_LINE } from "../rules.js";
 
-const SIDES = ["fx", "onnx"];
-const OTHER = { fx: "onnx", onnx: "fx" };
-const TITLES = { fx: "torch.export (FX)", onnx: "ONNX" };
+// "b": the transformed copy of the ONNX model (two models, SbsWidget.from_models), a third pane when the
+// model has its graph (onnx_b_dot); its nodes link to the rows through their b_* fields.
+const SIDES = ["fx", "onnx", "b"];
+const TITLES = { fx: "torch.export (FX)", onnx: "ONNX", b: "ONNX b (transformed)" };
+const DOT = { fx: "fx_dot", onnx: "onnx_dot", b: "onnx_b_dot" };
+const others = (side) => SIDES.filter((x) => x !== side);
 const BIG_CLUSTER = 150; // expanding a cluster bigger than this keeps its sub-modules closed
 // Graphviz (WebAssembly) recurses along a chain: 12,000 nodes in a row overflow its stack (node, 8,000
 // pass). A view with more boxes than MAX_BOXES draws a part of PART nodes instead, and says so.
@@ -49,6 +52,11 @@ export function mountGraphs(ctx) {
       }),
     };
   }
+  const showB = (on) => {
+    sides.b.pane.box.hidden = !on;
+    panesBox.classList.toggle("sbsg-three", on);
+  };
+  showB(Boolean(ctx.model.get(DOT.b)));
 
   // Toolbar: view controls, neighbourhood mode, legend, timings.
   const button = (label, title, fn) => {
@@ -77,7 +85,8 @@ export function mountGraphs(ctx) {
     const s = sides[side];
     let spec;
     try {
-      spec = parseSpec(ctx.model.get(`${side}_dot`));
+      if (side === "b") showB(Boolean(ctx.model.get(DOT.b)));
+      spec = parseSpec(ctx.model.get(DOT[side]));
     } catch (e) {
       s.pane.message(`Cannot read the graph: ${visible(e.message)}`);
       return;
@@ -237,9 +246,10 @@ export function mountGraphs(ctx) {
   });
 
 
-  function linked(side, idx) {
+  /** The nodes of side `to` linked to node `idx` of `side`. */
+  function linked(side, idx, to) {
     const s = sides[side];
-    const o = sides[OTHER[side]];
+    const o = sides[to];
     if (!s.g || !o.g) return [];
     const byId = rowById();
     const rows = (s.rowsOf.get(idx) || []).map((i) => byId.get(i)).filter(Boolean);
@@ -248,7 +258,7 @@ export function mountGraphs(ctx) {
 
   function startsOf(side) {
     const sel = state.selected;
-    return sel.side === side ? [sel.idx] : linked(sel.side, sel.idx);
+    return sel.side === side ? [sel.idx] : linked(sel.side, sel.idx, side);
   }
 
   const hoodOf = (side) => neighbourhood(sides[side].g, startsOf(side), state.k);
@@ -260,18 +270,26 @@ export function mountGraphs(ctx) {
     for (const x of SIDES) sides[x].pane.mark("sbsg-hover", []);
     if (key?.[0] === "p") key = sides[side].view.proxies.get(key);
     const s = sides[side];
-    const other = OTHER[side];
-    const o = sides[other];
-    if (!key || !o.view) return;
+    if (!key) return;
     s.pane.mark("sbsg-hover", [key]);
     const idx = Number(key.slice(1));
-    if (key[0] === "n") return o.pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx) }));
-    // A translation box: its FX node. A module box: the same module on the other side, as a box or as
-    // its drawn contents.
-    const fx = s.g.spec.clusters[idx].fx;
-    if (fx != null) return o.pane.mark("sbsg-hover", o.g.byName.has(fx) ? keysOf(other, { nodes: [o.g.byName.get(fx)] }) : []);
-    const k = o.g.spec.clusters.findIndex((c) => c.path === s.g.spec.clusters[idx].path && c.fx == null);
-    if (k >= 0) o.pane.mark("sbsg-hover", keysOf(other, { cluster: k }));
+    for (const other of others(side)) {
+      const o = sides[other];
+      if (!o.view) continue;
+      if (key[0] === "n") {
+        o.pane.mark("sbsg-hover", keysOf(other, { nodes: linked(side, idx, other) }));
+        continue;
+      }
+      // A translation box: its FX node. A module box: the same module on the other side, as a box or as
+      // its drawn contents.
+      const fx = s.g.spec.clusters[idx].fx;
+      if (fx != null) {
+        if (other === "fx") o.pane.mark("sbsg-hover", o.g.byName.has(fx) ? keysOf(other, { nodes: [o.g.byName.get(fx)] }) : []);
+        continue;
+      }
+      const k = o.g.spec.clusters.findIndex((c) => c.path === s.g.spec.clusters[idx].path && c.fx == null);
+      if (k >= 0) o.pane.mark("sbsg-hover", keysOf(other, { cluster: k }));
+    }
   }
 
   let echo = null; // the row we selected ourselves: its onSelect must not re-center the graphs
@@ -285,14 +303,16 @@ export function mountGraphs(ctx) {
       echo = rows[0];
       ctx.select?.(rows[0]);
     }
-    const other = OTHER[side];
-    const twins = linked(side, idx);
     if (state.hood) renderAll();
     else {
       highlight();
-      // Bring the counterpart into view; open its modules first if they are closed.
-      if (twins.length && (!revealed(other, twins) || !drawn(other, twins))) render(other, { centerOn: { nodes: twins } });
-      else sides[other].pane.center(keysOf(other, { nodes: twins }));
+      // Bring the counterparts into view; open their modules first if they are closed.
+      for (const other of others(side)) {
+        if (!sides[other].view) continue;
+        const twins = linked(side, idx, other);
+        if (twins.length && (!revealed(other, twins) || !drawn(other, twins))) render(other, { centerOn: { nodes: twins } });
+        else sides[other].pane.center(keysOf(other, { nodes: twins }));
+      }
     }
   }
 
@@ -320,14 +340,14 @@ export function mountGraphs(ctx) {
         continue;
       }
       const own = sel.side === side;
-      const nodes = own ? [sel.idx] : linked(sel.side, sel.idx);
+      const nodes = own ? [sel.idx] : linked(sel.side, sel.idx, side);
       s.pane.mark("sbsg-sel", keysOf(side, { nodes }));
       if (!state.trace) {
         s.pane.mark("sbsg-path", []);
         continue;
       }
       const path = errorPath(sides[sel.side].g, sides[sel.side].paint, sel.idx);
-      const pathNodes = own ? path : path.flatMap((i) => linked(sel.side, i));
+      const pathNodes = own ? path : path.flatMap((i) => linked(sel.side, i, side));
       const { edgeKeys, stubKeys } = own ? pathEdges(s.view, path) : { edgeKeys: [], stubKeys: [] };
       s.pane.mark("sbsg-path", [...keysOf(side, { nodes: pathNodes }), ...stubKeys], edgeKeys);
     }
@@ -349,7 +369,7 @@ export function mountGraphs(ctx) {
     if (!first) return;
     state.selected = first;
     for (const side of SIDES) {
-      const nodes = found[side] !== undefined ? [found[side]] : first.side === side ? [] : linked(first.side, first.idx);
+      const nodes = found[side] !== undefined ? [found[side]] : first.side === side ? [] : linked(first.side, first.idx, side);
       if (!nodes.length) continue;
       if (state.hood || !revealed(side, nodes) || !drawn(side, nodes)) render(side, { centerOn: { nodes } });
       else (highlight(), sides[side].pane.center(keysOf(side, { nodes })));
@@ -363,8 +383,8 @@ export function mountGraphs(ctx) {
 
   const listeners = SIDES.map((side) => {
     const cb = () => load(side);
-    ctx.model.on?.(`change:${side}_dot`, cb);
-    return () => ctx.model.off?.(`change:${side}_dot`, cb);
+    ctx.model.on?.(`change:${DOT[side]}`, cb);
+    return () => ctx.model.off?.(`change:${DOT[side]}`, cb);
   });
   for (const side of SIDES) load(side);
 

@@ -4,6 +4,7 @@
 
 import { labelText, visible } from "../format.js";
 import { BROADCAST, GRAPH_SPEC_MARKER, NOT_COMPARED, STUB_FILL, worse } from "../rules.js";
+import { B_PAINT } from "../spec.gen.js";
 
 export const SPEC_MARKER = `// ${GRAPH_SPEC_MARKER}`;
 
@@ -80,7 +81,9 @@ export function paintGraph(g, rows) {
     const i = nodeOfRow(g, row);
     if (i < 0) return;
     (rowsOf.get(i) ?? rowsOf.set(i, []).get(i)).push(row.i ?? k);
-    paint[i] = worse(paint[i], row.err_abs ?? null, row.status || "ok");
+    // b (two models): its value's error against torch, its verdict as a status (shared_rules.B_PAINT)
+    if (g.side === "b") { if (row.b_status) paint[i] = worse(paint[i], row.b_err_abs ?? null, B_PAINT[row.b_status] ?? "ok"); }
+    else paint[i] = worse(paint[i], row.err_abs ?? null, row.status || "ok");
   });
   return { paint, rowsOf };
 }
@@ -100,18 +103,24 @@ export function nodeOfRow(g, row) {
   // an inner value (inside an FX node's ONNX translation) has no FX node of its own: its ep_name is
   // "<fx node>::<finer node>"; it paints its ONNX node, by node name or value name like any row
   if (g.side === "fx") return row.ep_name != null && row.kind !== "inner" ? g.byName.get(row.ep_name) ?? -1 : -1;
+  if (g.side === "b") { // the second model (two models): the node of b paired with the row's value
+    const byNode = row.b_node_name != null ? g.byName.get(row.b_node_name) : undefined;
+    if (byNode !== undefined) return byNode;
+    return row.b_name != null ? g.byValue.get(row.b_name) ?? -1 : -1;
+  }
   const byNode = row.onnx_node_name != null ? g.byName.get(row.onnx_node_name) : undefined;
   if (byNode !== undefined) return byNode;
   return row.onnx_name != null ? g.byValue.get(row.onnx_name) ?? -1 : -1;
 }
 
 /** Counterparts of node `i` of `from` in `to`: the exporter's fx_node metadata and the rows both agree
- * on, merged; one FX node often becomes several ONNX nodes. */
+ * on, merged; one FX node often becomes several ONNX nodes. Between the two ONNX models (a and b), the
+ * rows alone: they pair b's values with a's. */
 export function counterparts(from, to, i, rows) {
   const out = new Set();
   const name = from.nodes[i].name;
   if (from.side === "fx") for (const j of to.byLink.get(name) || []) out.add(j);
-  else for (const l of from.nodes[i].links || []) if (to.byName.has(l)) out.add(to.byName.get(l));
+  else if (to.side === "fx") for (const l of from.nodes[i].links || []) if (to.byName.has(l)) out.add(to.byName.get(l));
   for (const row of rows) {
     if (nodeOfRow(from, row) === i) {
       const j = nodeOfRow(to, row);

@@ -108,7 +108,7 @@ test("paints live, links both ways, selects the table row", async () => {
   await until(() => box(f.el, "cluster:block") && f.el.querySelectorAll('g.node[data-id="cluster:block"]').length === 2);
   f.el.querySelector('.sbsg-pane:first-child g.node[data-id="cluster:block"]')
     .dispatchEvent(new dom.window.MouseEvent("pointerover", { bubbles: true }));
-  assert.ok(f.el.querySelector('.sbsg-pane:last-child g.node[data-id="cluster:block"]').classList.contains("sbsg-hover"));
+  assert.ok(f.el.querySelector('.sbsg-pane:nth-child(2) g.node[data-id="cluster:block"]').classList.contains("sbsg-hover"));
 
   dispose();
   assert.equal(f.el.querySelector(".sbsg"), null);

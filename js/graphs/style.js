@@ -17,7 +17,9 @@ export const CSS = `
 .sbsg-chip { display: inline-block; width: 14px; height: 10px; border: 1px solid var(--sbs-fg2, #777); vertical-align: middle;
   margin-right: 3px; border-radius: 2px; }
 .sbsg-panes { display: grid; grid-template-columns: 1fr 1fr; gap: 6px; }
-@container (max-width: 760px) { .sbsg-panes { grid-template-columns: 1fr; } }
+.sbsg-panes.sbsg-three { grid-template-columns: 1fr 1fr 1fr; }
+.sbsg-pane[hidden] { display: none; }
+@container (max-width: 760px) { .sbsg-panes, .sbsg-panes.sbsg-three { grid-template-columns: 1fr; } }
 .sbsg-pane { border: 1px solid var(--sbs-border, #ccc); border-radius: 4px; min-width: 0; display: flex; flex-direction: column; }
 .sbsg-pane-head { padding: 2px 6px; background: var(--sbs-bg2, #f4f4f4);
   border-bottom: 1px solid var(--sbs-border, #ddd); font-weight: 600; }

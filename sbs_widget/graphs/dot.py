@@ -22,12 +22,12 @@ import graphviz
 
 from sbs_widget.graphs.spec import GraphSpec, fx_spec, label_text, onnx_spec, visible
 from sbs_widget.records import ERROR, KIND_INNER, KIND_WEIGHT, MISMATCH, OK, ONE_SIDED, RESET, Record
-from sbs_widget.shared_rules import BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
+from sbs_widget.shared_rules import B_PAINT, BROADCAST, COLOR_SCALE, GRAPH_SPEC_MARKER, color_for, error_color, worse
 
 if TYPE_CHECKING:
     from sbs_widget.engine.entry import Prepared
 
-__all__ = ["dot_sources", "error_color", "fx_graph", "onnx_graph"]
+__all__ = ["dot_source_b", "dot_sources", "error_color", "fx_graph", "onnx_graph"]
 # Colours, severities and the broadcast rule are shared with the browser's graphs (js/rules.js).
 
 SPEC_MARKER = GRAPH_SPEC_MARKER
@@ -73,6 +73,18 @@ def dot_sources(prepared: Prepared | tuple, records: Iterable[Record] | None = N
     return out[0], out[1]
 
 
+def dot_source_b(onx, records: Iterable[Record] | None = None) -> str:
+    """The DOT of ``b``, the transformed copy of a comparison of two ONNX models (``compare_models``): as
+    ``dot_sources``' ONNX graph, with the spec's side ``"b"`` and ids ``b:<node name>`` (``b-in:``, ``b-out:``),
+    its nodes painted by ``Record.b_err_abs`` and ``b_status`` (``shared_rules.B_PAINT``)."""
+    spec = onnx_spec(onx)
+    spec.side = "b"
+    for node in spec.nodes:
+        node["id"] = "b" + node["id"].removeprefix("onnx")
+    header = SPEC_MARKER + json.dumps(spec.to_json(), separators=(",", ":"))
+    return _digraph(spec, _paint(spec, list(records or ())), comment=header).source
+
+
 def failed_weights(records: list[Record]) -> tuple[set[str], set[str]]:
     """FX placeholders and ONNX initializers whose comparison failed: the weights worth a box."""
     bad = [r for r in records if r.kind == KIND_WEIGHT and r.status in (MISMATCH, ERROR)]
@@ -88,6 +100,11 @@ def _paint(spec: GraphSpec, records) -> dict[str, tuple[float | None, str]]:
     for r in records:
         if spec.side == "fx":  # an inner value ("<fx node>::<finer node>") paints only its ONNX node
             node_id = by_name.get(r.ep_name) if r.ep_name and r.kind != KIND_INNER else None
+        elif spec.side == "b":  # the second model: its value paired with the record's (twomodels/)
+            node_id = by_name.get(r.b_node_name) or by_value.get(r.b_name)
+            if node_id is not None and r.b_status is not None:
+                paint[node_id] = worse(paint.get(node_id), r.b_err_abs, B_PAINT.get(r.b_status, OK))
+            continue
         else:
             node_id = by_name.get(r.onnx_node_name) or by_value.get(r.onnx_name)
         if node_id is None:

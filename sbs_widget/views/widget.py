@@ -24,6 +24,7 @@ from sbs_widget.records import metric_names, to_dataframe
 from sbs_widget.shared_rules import MESSAGES
 from sbs_widget.views.deployed_check import CHECK_DEPLOYED, DeployedCheck, setting_of
 from sbs_widget.views.fallback import StaticFallback
+from sbs_widget.views.models_view import TwoModelsView
 from sbs_widget.views.rows import ROW_COLUMNS, columns_of, run_metrics
 from sbs_widget.views.runs import FAILED, RUNNING, Run, Runner
 from sbs_widget.views.sets_view import INPUT_MESSAGE, InputSetsView
@@ -45,7 +46,7 @@ def _names_from_json(value, widget):
     return set(value or ())
 
 
-class SbsWidget(InputSetsView, DecodeSteps, StaticFallback, anywidget.AnyWidget):
+class SbsWidget(TwoModelsView, InputSetsView, DecodeSteps, StaticFallback, anywidget.AnyWidget):
     """Compare ``ep`` (torch.export program or .pt2 path) with ``onx`` (ONNX model or path) live.
 
     ``inputs``: tuple of positional arguments, or a path to a ``torch.save``'d file.
@@ -101,6 +102,8 @@ class SbsWidget(InputSetsView, DecodeSteps, StaticFallback, anywidget.AnyWidget)
     deployed = traitlets.Dict().tag(sync=True)
     decoding = traitlets.Dict().tag(sync=True)  # the decode steps (steps=, decode(): views/steps_view.py)
     input_spread = traitlets.Dict().tag(sync=True)  # input sets (from_input_sets: views/sets_view.py)
+    models_b = traitlets.Dict().tag(sync=True)  # two ONNX models (from_models: views/models_view.py)
+    onnx_b_dot = traitlets.Unicode("").tag(sync=True)  # the graph of b (from_models)
 
     def __init__(self, ep=None, onx=None, inputs=None, *, kwargs=None, atol: float | None = None,
                  rtol: float | None = None, runtime=None, node_local: bool = False, autostart: bool = True,
@@ -364,7 +367,8 @@ class SbsWidget(InputSetsView, DecodeSteps, StaticFallback, anywidget.AnyWidget)
         run.fx_total = getattr(prepared, "n_fx_nodes", 0)
         extra = {} if self._runtime is None else {"runtime": self._runtime}
         args, kwargs = self._inputs_of(run)
-        return prepared.run(args, kwargs, atol=run.atol, rtol=run.rtol,
+        run_with = prepared.run if self._models_options is None else self._models_run(prepared, run)  # a and b
+        return run_with(args, kwargs, atol=run.atol, rtol=run.rtol,
                             reset_names=tuple(sorted(run.reset_names)), node_local=run.node_local,
                             progress=progress, cancel=cancel, metrics=self._metrics, **extra)
 
