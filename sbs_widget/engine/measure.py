@@ -113,8 +113,7 @@ class Measurer:
             for rec, (e, g) in zip(ready, arrays):
                 rec.metrics = measure_figures(self.figures, e, g)
         if self.second is not None:
-            for rec, (e, _) in zip(ready, arrays):
-                self.second.measure(rec, e, atol, rtol)
+            self.second.measure_many([(rec, e) for rec, (e, _) in zip(ready, arrays)], atol, rtol)
 
     def _readable(self, rec: Record, expected, got) -> tuple[np.ndarray, np.ndarray] | None:
         """Both values as numpy arrays of one shape, or None with the record marked as an error."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import Future
 from typing import Mapping
 
 import numpy as np
 
-from sbs_widget.engine.metrics import compute_errors
+from sbs_widget.engine.metrics import compute_errors_many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,28 +33,34 @@ class BPaired:
 class SecondModel:
     """``b``'s values keyed by the value of ``a`` each is paired with, for one run's inputs."""
 
-    paired: Mapping[str, BPaired]
+    # (or a Future of it: b's run may go on beside the lockstep; the first measure waits for it)
+    paired: Mapping[str, BPaired] | Future
     # tells runs apart (a rerun restarts from a run's cuts only with the same second model)
     token: int = dataclasses.field(default_factory=itertools.count().__next__)
 
-    def measure(self, rec, expected: np.ndarray, atol: float, rtol: float) -> None:
-        """Fill ``rec``'s ``b_*`` fields: ``b``'s value paired with ``rec.onnx_name`` against torch's
-        (``expected``), by the run's tolerance."""
-        other = self.paired.get(rec.onnx_name) if rec.onnx_name is not None else None
-        if other is None:
-            return
-        rec.b_name, rec.b_node_name, rec.b_op_type, rec.b_paired_by = other.name, other.node, other.op_type, other.how
-        got = other.value
-        if got is None:
-            return
-        if got.shape != expected.shape:
+    def measure_many(self, items: list[tuple], atol: float, rtol: float) -> None:
+        """Fill the ``b_*`` fields of each ``(record, torch value)``: b's value paired with the record's
+        ``onnx_name`` against torch's, by the run's tolerance, all pairs in one batched pass
+        (``compute_errors_many``)."""
+        ready, pairs = [], []
+        paired = self.paired.result() if isinstance(self.paired, Future) else self.paired
+        for rec, expected in items:
+            other = paired.get(rec.onnx_name) if rec.onnx_name is not None else None
+            if other is None:
+                continue
+            rec.b_name, rec.b_node_name, rec.b_op_type, rec.b_paired_by = other.name, other.node, other.op_type, \
+                other.how
+            got = other.value
+            if got is None:
+                continue
             if got.size != expected.size:
                 rec.b_comment = f"shapes differ: torch {tuple(expected.shape)} vs b {tuple(got.shape)}"
-                return
-            got = got.reshape(expected.shape)  # (b computes it flattened: a Gemm's 2-D output)
-        err = compute_errors(expected, _comparable(got, expected), atol=atol, rtol=rtol)
-        rec.b_err_abs, rec.b_err_rel = err.err_abs, err.err_rel
-        rec.b_within_tolerance = bool(err.within_tolerance)
+                continue
+            ready.append(rec)  # (b computes some values flattened: a Gemm's 2-D output)
+            pairs.append((expected, _comparable(got, expected).reshape(expected.shape)))
+        for rec, err in zip(ready, compute_errors_many(pairs, atol=atol, rtol=rtol)):
+            rec.b_err_abs, rec.b_err_rel = err.err_abs, err.err_rel
+            rec.b_within_tolerance = bool(err.within_tolerance)
 
 
 def _comparable(got: np.ndarray, expected: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ a departure starts, the largest excess over what their precision explains first.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 
 import numpy as np
@@ -76,17 +77,32 @@ def compare_models(ep, a, b, args=(), kwargs=None, *, atol: float | None = None,
     prepared = ep if isinstance(ep, Prepared) and a is None else prepare(ep, a)
     args, kwargs = load_inputs(args, kwargs)
     feeds = onnx_feeds(prepared, args, kwargs)
-    pair, values_a, values_b = paired_models(prepared, b, feeds, providers_b)
+    pair, first = paired_models(prepared, b, feeds, providers_b)
     tol = prepared.tolerance(atol, rtol)
-    local_key = ("b fed a", *pair.b_key, pair.providers_b)
-    local = V.local_verdicts(pair.plans, values_a,
-                             local_values(pair.rewired, values_a, feeds, pair.providers_b, local_key), tol.atol,
-                             tol.rtol)
-    second = SecondModel(_paired(pair.matching, values_a, values_b, pair.b_model))
-    records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
+    # b's runs go beside the lockstep, on another thread (onnxruntime releases the GIL): b whole (the run
+    # waits for it at its first measure), then b fed a's values and their verdicts (read after the run)
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="sbs-model-b") as beside:
+        values_b = beside.submit(pair.values_b, feeds) if first is None else _done(first[1])
+        values_a = pair.values_a(feeds) if first is None else first[0]
+        local = beside.submit(_local, pair, values_a, feeds, tol)
+        second = SecondModel(beside.submit(_paired, pair.matching, values_a, values_b.result, pair.b_model))
+        records = list(prepared.run(args, kwargs, atol=tol.atol, rtol=tol.rtol, second=second, **run_options))
+        local = local.result()
     judge_records(records, local, pair.matching)
     return ModelsComparison(records, pair.matching, local, _culprits(local), pair.matching.a_only,
                             pair.matching.b_only, pair.b_model)
+
+
+def _done(value) -> cf.Future:
+    future: cf.Future = cf.Future()
+    future.set_result(value)
+    return future
+
+
+def _local(pair, values_a: dict, feeds: dict, tol) -> list[V.LocalVerdict]:
+    key = ("b fed a", *pair.b_key, pair.providers_b)
+    return V.local_verdicts(pair.plans, values_a, local_values(pair.rewired, values_a, feeds, pair.providers_b, key),
+                            tol.atol, tol.rtol)
 
 
 def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
@@ -101,9 +117,11 @@ def onnx_feeds(prepared: Prepared, args, kwargs) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _paired(matching: Matching, values_a: dict, values_b: dict, b: onnx.ModelProto) -> dict[str, BPaired]:
+def _paired(matching: Matching, values_a: dict, values_b, b: onnx.ModelProto) -> dict[str, BPaired]:
     """For each value of a, the value of b its consumers read: the last paired one in b's order (a
-    DequantizeLinear after the float value, a Cast back to float32), of a's shape where one is."""
+    DequantizeLinear after the float value, a Cast back to float32), of a's shape where one is.
+    ``values_b``: b's values, or a function that waits for them."""
+    values_b = values_b() if callable(values_b) else values_b
     producer = {o: n for n in b.graph.node for o in n.output}
     out = {}
     for a_name, bs in matching.a_to_b.items():

@@ -42,8 +42,9 @@ class PairedModels:
         return all_values(self.b_model, feeds, self.providers_b, key=("b", *self.b_key), owner=self.b_model)
 
 
-def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple[PairedModels, dict, dict]:
-    """The pair made ready (from the cache, or built on ``feeds``), with a's and b's values on ``feeds``."""
+def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple[PairedModels, tuple | None]:
+    """The pair made ready: from the cache (then ``None``), or built on ``feeds`` (then a's and b's values
+    on ``feeds``, computed to pair them)."""
     model, b_key = _load(b)
     key = (id(prepared), b_key, tuple(providers_b) if providers_b else None)
     with _LOCK:
@@ -51,7 +52,7 @@ def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple
         if hit is not None and hit.prepared is prepared:
             _PAIRED.move_to_end(key)
     if hit is not None and hit.prepared is prepared:
-        return hit, hit.values_a(feeds), hit.values_b(feeds)
+        return hit, None
     a_model = prepared.index.full_model()
     made = PairedModels(prepared, a_model, model, b_key, tuple(providers_b) if providers_b else None,
                         None, [], None)
@@ -63,7 +64,7 @@ def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple
         _PAIRED[key] = made
         while len(_PAIRED) > KEPT:
             _PAIRED.popitem(last=False)
-    return made, values_a, values_b
+    return made, (values_a, values_b)
 
 
 _LOADED: dict = {}

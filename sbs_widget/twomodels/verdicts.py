@@ -23,7 +23,6 @@ import dataclasses
 
 import numpy as np
 
-from sbs_widget.engine.metrics import compute_errors
 from sbs_widget.twomodels.match import Matching, _Graph
 
 FLOAT16_ENVELOPE = 0.02  # ~40 float16 roundings of the value's magnitude
@@ -97,7 +96,7 @@ def local_verdicts(plans: list[ValuePlan], values_a: dict, local: dict, atol: fl
         e, g = _in_b_type(theirs, mine)
         err = _relative(e, g)
         if plan.precision == "float32":
-            departs = not compute_errors(e, g, atol=atol, rtol=rtol).within_tolerance
+            departs = not _within(e, g, atol, rtol)
         else:
             departs = err > (FLOAT16_ENVELOPE if plan.precision == "float16" else QUANTIZED_ENVELOPE)
         node, op = (plan.blamed, plan.blamed_op) if departs else (plan.node, plan.op_type)
@@ -107,23 +106,42 @@ def local_verdicts(plans: list[ValuePlan], values_a: dict, local: dict, atol: fl
 
 
 def _in_b_type(theirs: np.ndarray, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """a's value as b's type holds it (float16: rounded) and b's, flat in float64, without the positions
-    where a's value is beyond the range of b's type: b cannot hold those (the float16 converter clamps a
-    mask's -3.4e38 to -10000, onnxruntime makes it -inf); what b does there is judged by its consumers."""
-    e = theirs.astype(np.float64).reshape(-1)
-    g = mine.astype(np.float64).reshape(-1)
+    """a's value as b's type holds it (float16: rounded) and b's, flat, in float32 at least, without the
+    positions where a's value is beyond the range of b's type: b cannot hold those (the float16 converter
+    clamps a mask's -3.4e38 to -10000, onnxruntime makes it -inf); what b does there is judged by its
+    consumers."""
+    wide = np.promote_types(np.promote_types(theirs.dtype, mine.dtype), np.float32)
+    e = theirs.reshape(-1)
+    g = mine.reshape(-1).astype(wide, copy=False)
     if mine.dtype.kind == "f" and mine.dtype.itemsize < theirs.dtype.itemsize:
         top = float(np.finfo(mine.dtype).max)
         keep = ~(np.abs(e) > top)
-        e = e[keep].astype(mine.dtype).astype(np.float64)
-        g = g[keep]
-    return e, g
+        if not keep.all():
+            e, g = e[keep], g[keep]
+        e = e.astype(mine.dtype)
+    return e.astype(wide, copy=False), g
+
+
+def _within(e: np.ndarray, g: np.ndarray, atol: float, rtol: float) -> bool:
+    """Every element within ``atol + rtol * |a|`` (NaN where both are NaN, and equal infinities, agree)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.abs(g - e) <= atol + rtol * np.abs(e)
+    if ok.all():
+        return True
+    bad = ~ok
+    return bool(((e[bad] == g[bad]) | (np.isnan(e[bad]) & np.isnan(g[bad]))).all())
 
 
 def _relative(e: np.ndarray, g: np.ndarray) -> float:
     """max |g - e| / max |e| over finite positions; a non-finite pattern that differs: infinite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - e)
+        top = float(diff.max()) if diff.size else 0.0
+        scale = float(np.abs(e).max()) if e.size else 0.0
+    if np.isfinite(top) and np.isfinite(scale):  # the common case: all finite, one pass each
+        return top / scale if scale > 0 else (0.0 if top == 0 else float("inf"))
     fe, fg = np.isfinite(e), np.isfinite(g)
-    if (fe != fg).any():
+    if (fe != fg).any() or ((~fe) & (e != g) & ~(np.isnan(e) & np.isnan(g))).any():
         return float("inf")
     if not fe.any():
         return 0.0
