@@ -185,3 +185,14 @@ def test_a_widget_of_one_model_has_no_b():
     assert w.status == "done" and w.models_b == {} and w.onnx_b_dot == "" and w.models is None
     assert all(r.b_name is None and r.b_status is None for r in w.records)
     assert all(c.get("side") != "b" for c in w.culprits)
+
+
+def test_the_offline_report_keeps_b(widget, tmp_path):
+    """``save_html``: the page's frozen state holds b's panel state and graph; the rows their b fields."""
+    from sbs_widget.views.report import write_html_report
+
+    page = widget.save_html(tmp_path / "models.html").read_text(encoding="utf-8")
+    assert '"models_b"' in page and '"onnx_b_dot"' in page and '"b_status"' in page
+    assert "<img" not in page.split("<body", 1)[1].split("<script", 1)[0]  # model names only as data, never markup
+    same = write_html_report(widget, tmp_path / "again.html").read_text(encoding="utf-8")
+    assert '"models_b"' in same and '"onnx_b_dot"' in same

@@ -107,6 +107,12 @@ class TwoModelsView:
         """The culprits in b of that comparison (``BCulprit``, most likely first)."""
         return list(self._models.culprits) if self._models is not None else []
 
+    def _models_html(self) -> dict:
+        """What ``save_html`` adds for two models: ``models=`` of ``write_html_report`` (else nothing)."""
+        if self._models_options is None:
+            return {}
+        return {"models": {"models_b": dict(self.models_b), "onnx_b_dot": self.onnx_b_dot}}
+
     # --- the run ---------------------------------------------------------------------------------
 
     def _models_run(self, prepared, run):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _BUNDLE = pathlib.Path(__file__).parent.parent / "static" / "widget.js"
 _STATE_KEYS = ("title", "status", "message", "progress", "run_id", "runs_meta", "compare", "columns", "atol",
                "rtol", "reset_names", "fx_dot", "onnx_dot", "deployed", "culprits",
-               "decoding", "input_spread")
+               "decoding", "input_spread", "models_b", "onnx_b_dot")
 
 _PAGE = """<!doctype html>
 <html lang="en">
@@ -76,7 +76,7 @@ def report_data(runs, state: dict, extra=None) -> dict:
     from sbs_widget.views.rows import encode_rows
     from sbs_widget.views.view_state import runs_metrics
 
-    data_state = {k: state.get(k, {}) for k in _STATE_KEYS}
+    data_state = {k: state.get(k, "" if k.endswith("_dot") else {}) for k in _STATE_KEYS}
     metrics = runs_metrics(runs)  # the columns of the state: each metric's figure after the record's fields
     return {"state": data_state,
             "runs": {str(run.id): json.loads(encode_rows(run.records, metrics, extra)) for run in runs}}
@@ -86,12 +86,14 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
                       rtol: float | None = None, reset_names=(), fx_dot: str = "", onnx_dot: str = "",
                       prepared: Prepared | None = None, deployed: dict | None = None,
                       culprits: list[dict] | None = None, decoding: dict | None = None,
-                      input_sets=None) -> pathlib.Path:
+                      input_sets=None, models: dict | None = None) -> pathlib.Path:
     """Write ``records`` (a list of ``Record``, of finished ``Run``s, or an ``SbsWidget``) as a
     self-contained HTML page (``deployed``: the widget's as-deployed check state, shown above the table;
     ``culprits``: as the widget lists them, else found from the last run's records; ``decoding``: the
     widget's decode steps, drawn as its step strip, not clickable; ``input_sets``: the ``InputSets`` the
-    runs show, their spread as the table's columns and the sets panel, and as escaped text below the view).
+    runs show, their spread as the table's columns and the sets panel, and as escaped text below the view;
+    ``models``: two ONNX models' view state, ``{"models_b": ..., "onnx_b_dot": ...}`` (``views/models_view.py``):
+    b's columns, its panel and its graph).
 
     >>> import sbs_widget, tempfile, os
     >>> from sbs_widget.views.report import write_html_report
@@ -110,13 +112,15 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
                                  rtol=w.rtol if rtol is None else rtol, reset_names=w.reset_names,
                                  fx_dot=w.fx_dot, onnx_dot=w.onnx_dot, prepared=w._prepared,
                                  deployed=dict(w.deployed), culprits=list(w.culprits) if w.status == "done" else None,
-                                 decoding=dict(w.decoding), input_sets=getattr(w, "input_sets", None))
+                                 decoding=dict(w.decoding), input_sets=getattr(w, "input_sets", None),
+                                 **(w._models_html() if hasattr(w, "_models_html") else {}))
     records = list(records)
     atol, rtol = 1e-4 if atol is None else atol, 1e-4 if rtol is None else rtol
     runs = records if records and all(isinstance(r, Run) for r in records) else \
         [finished_run(records, atol=atol, rtol=rtol, reset_names=reset_names)]
     state = view_state(runs, title=title, atol=atol, rtol=rtol, reset_names=reset_names, fx_dot=fx_dot,
                        onnx_dot=onnx_dot, prepared=prepared, deployed=deployed, culprits=culprits, decoding=decoding)
+    state.update(models or {})
     extra, spread = None, ""
     if input_sets is not None:
         from sbs_widget.shared_rules import spread_columns

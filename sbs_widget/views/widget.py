@@ -329,7 +329,7 @@ class SbsWidget(TwoModelsView, InputSetsView, DecodeSteps, StaticFallback, anywi
                                  rtol=self.rtol, reset_names=self.reset_names, fx_dot=self.fx_dot,
                                  onnx_dot=self.onnx_dot, prepared=self._prepared, deployed=dict(self.deployed),
                                  culprits=list(self.culprits) if self.status == "done" else None,
-                                 decoding=dict(self.decoding), input_sets=self.input_sets)
+                                 decoding=dict(self.decoding), input_sets=self.input_sets, **self._models_html())
 
     # --- the run -----------------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ READ_STATE = '''w.wait()
 df = w.filtered_dataframe()
 print("STATE" + json.dumps({"culprit": w.culprits[0]["onnx_node"], "n_departs": w.models_b["n_departs"],
       "shown": len(df), "statuses": sorted(set(df["b_status"].dropna())), "n": len(w.records),
-      "nodes": {str(i): r.b_node_name for i, r in enumerate(w.records) if r.b_status in ("departs", "inherits")}}))
+      "nodes": {str(i): r.b_node_name for i, r in enumerate(w.records) if r.b_status in ("departs", "inherits")},
+      "saved": str(w.save_html("models_report.html"))}))
 '''
 ROOT = f"{NB} .jp-OutputArea .sbs-root"
 DONE = ("root => root.querySelector('.sbs-badge').textContent === 'done' && Number(root.dataset.rows) > 0 "
@@ -161,5 +162,22 @@ def test_b_columns_filter_culprits_and_graph(lab, lab_page, tmp_path):
     view.screenshot(path=str(tmp_path / "models-dark.png"))
     print(f"\n[models] {checked} texts checked; screenshot {tmp_path / 'models-dark.png'}")
     page.evaluate(theme, "JupyterLab Light")
+    errors = [line for line in page.console_lines if line.startswith("pageerror")]
+    assert not errors, errors
+
+    # the offline report (save_html): the same b columns, filter, culprits and third graph, no kernel
+    page.goto(f"file://{lab.root / 'models_report.html'}")
+    page.wait_for_selector(".sbs-root .sbs-row", timeout=30_000)
+    report = page.locator(".sbs-root").first
+    heads = [t.strip() for t in report.locator(".sbs-head > div").all_text_contents()]
+    assert {"b name", "b err_abs", "b err_local", "b verdict"} <= set(heads), heads
+    assert report.locator(".sbs-culprits li[data-side=b]").first.get_attribute("data-node") == HOSTILE
+    report.locator(".sbs-models input[type=checkbox]").check()
+    page.wait_for_function(f"() => Number(document.querySelector('.sbs-root').dataset.shown) === {shown}", timeout=10_000)
+    report.locator(".sbs-graphs-box > summary").click()
+    page.wait_for_function("() => document.querySelectorAll('.sbsg-pane[data-renders]').length === 3", timeout=120_000)
+    assert f"b:{HOSTILE}" in page.evaluate("() => [...document.querySelectorAll('.sbsg-pane:nth-child(3) g.node')]"
+                                           ".map(g => g.dataset.id)")
+    assert page.evaluate("() => document.querySelector('.sbs-root img') === null && globalThis.pwned === undefined")
     errors = [line for line in page.console_lines if line.startswith("pageerror")]
     assert not errors, errors
