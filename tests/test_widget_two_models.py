@@ -196,3 +196,16 @@ def test_the_offline_report_keeps_b(widget, tmp_path):
     assert "<img" not in page.split("<body", 1)[1].split("<script", 1)[0]  # model names only as data, never markup
     same = write_html_report(widget, tmp_path / "again.html").read_text(encoding="utf-8")
     assert '"models_b"' in same and '"onnx_b_dot"' in same
+
+
+def test_the_run_options_reach_the_lockstep_a_time_limit_ends_it():
+    """``time_limit`` (the run's ``cancel``) is forwarded to the lockstep of a and b: past it the run ends
+    "error" naming the limit, and the panel says so (nothing half-judged is shown as b's verdicts)."""
+    from sbs_widget.errors import RunTimeout
+
+    prog, a, args, kwargs = _export("resnet")
+    w = SbsWidget.from_models(prog, a, _quantized("resnet"), args, kwargs=kwargs, time_limit=1e-6)
+    with pytest.raises(RunTimeout):
+        w.wait(600)
+    assert w.status == "error" and "time" in w.message.lower(), w.message
+    assert w.models_b["status"] == "error" and w.models is None and w.culprits == []

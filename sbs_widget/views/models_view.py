@@ -25,6 +25,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 
+from sbs_widget.engine.cancel import TIMEOUT
 from sbs_widget.errors import InputError, RunCancelled, SbsWidgetWarning
 from sbs_widget.shared_rules import B_DEPARTS
 from sbs_widget.views.deployed_check import json_safe
@@ -127,8 +128,8 @@ class TwoModelsView:
                 found = compare_models(prepared, None, self._models_options["b"], args, kwargs, atol=atol, rtol=rtol,
                                        providers_b=self._models_options["providers_b"], progress=progress,
                                        cancel=cancel, **options)
-            except RunCancelled as e:
-                self.models_b = models_state(None, "stopped", str(e))
+            except RunCancelled as e:  # Stop, or past time_limit (an error, as for the run)
+                self.models_b = models_state(None, "error" if e.reason == TIMEOUT else "stopped", str(e))
                 raise
             except Exception as e:
                 self.models_b = models_state(None, "error", f"{type(e).__name__}: {e}")
