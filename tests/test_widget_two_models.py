@@ -209,3 +209,17 @@ def test_the_run_options_reach_the_lockstep_a_time_limit_ends_it():
         w.wait(600)
     assert w.status == "error" and "time" in w.message.lower(), w.message
     assert w.models_b["status"] == "error" and w.models is None and w.culprits == []
+
+
+def test_values_fused_away_in_b_say_so_on_their_rows():
+    """onnxruntime's optimizer fuses bert's MatMul + Add into Gemm-like nodes: a's values inside have no twin
+    in b, and their rows carry why (``b_comment``: "fused into ..."), which the view shows in the b verdict
+    column; nothing departs on a correct optimization."""
+    prog, a, args, kwargs = _export("bert")
+    b = TRANSFORMS["ort_extended"](a, [feeds_for(a, args, kwargs)])
+    w = SbsWidget.from_models(prog, a, b, args, kwargs=kwargs).wait(600)
+    assert w.status == "done", w.message
+    fused = [r for r in _rows(w) if r["b_name"] is None and str(r["b_comment"]).startswith("fused into")]
+    assert fused and all(r["b_status"] is None for r in fused)
+    assert w.models_b["n_departs"] == 0 and w.culprits == []
+    assert w.models_b["a_only"] == len(w.models.a_only) > 0
