@@ -17,8 +17,8 @@ from sbs_widget.samples.transforms import B_FAULTS, TRANSFORMS, exporter_optimiz
 from sbs_widget.twomodels.compare import compare_models
 
 CLEAN = ("onnxslim", "onnxsim", "ort_all", "quant_dynamic")
-PLAN = {"wrong_rewrite": "ort_extended", "bad_float16_cast": "float16", "quant_scale_2x": "quant_static_qdq",
-        "fused_wrong_constant": "ort_extended"}
+PLAN = [("wrong_rewrite", "ort_extended"), ("bad_float16_cast", "float16"), ("quant_scale_2x", "quant_static_qdq"),
+        ("fused_wrong_constant", "ort_extended"), ("fused_wrong_constant", "ort_all")]
 names = sys.argv[1:]
 hits = total = clean_departs = clean_culprits = 0
 begin = time.perf_counter()
@@ -27,7 +27,7 @@ for name in names:
     a = prog.model_proto
     feeds = feeds_for(a, args, kw)
     made = {}
-    for t in sorted(set(PLAN.values()) | set(CLEAN)):
+    for t in sorted({t for _, t in PLAN} | set(CLEAN)):
         try:
             made[t] = TRANSFORMS[t](a, [feeds])
         except Exception as e:
@@ -54,7 +54,7 @@ for name in names:
               f"departs {departs}; culprits {[(x.onnx_node, x.op_type) for x in c.culprits[:2]]}")
     except Exception as e:
         print(name, "exporter_optimize", "compare failed", type(e).__name__, str(e)[:150])
-    for fault, t in PLAN.items():
+    for fault, t in PLAN:
         if t not in made:
             continue
         try:

@@ -23,7 +23,7 @@ from sbs_widget.load.readers import load_inputs
 from sbs_widget.records import Record
 from sbs_widget.twomodels import verdicts as V
 from sbs_widget.twomodels.local import local_values
-from sbs_widget.twomodels.match import Matching
+from sbs_widget.twomodels.match import Matching, block_size, unblocked
 from sbs_widget.twomodels.paired import paired_models
 
 
@@ -129,9 +129,12 @@ def _paired(matching: Matching, values_a: dict, values_b, b: onnx.ModelProto) ->
                   and values_b[v].shape == values_a[a_name].shape]
         chosen = (shaped or bs)[-1]
         node = producer.get(chosen)
+        how = matching.b_to_a[chosen][1]
+        value = values_b.get(chosen)
+        if value is not None and block_size(how):  # (NCHWc: measured once unblocked)
+            value = unblocked(value, block_size(how))
         out[a_name] = BPaired(chosen, node.name if node is not None else chosen,
-                              node.op_type if node is not None else "input", matching.b_to_a[chosen][1],
-                              values_b.get(chosen))
+                              node.op_type if node is not None else "input", how, value)
     return out
 
 

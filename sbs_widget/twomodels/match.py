@@ -67,7 +67,7 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
     weights_a = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
     b_to_a: dict[str, tuple[str, str]] = {}
     for name in gb.order:  # 1. names kept
-        if gb.producer[name].domain == BLOCKED_LAYOUT:
+        if _blocked(gb.producer[name]):
             continue
         if name in ga.position and _same_shape(values_a.get(name), values_b.get(name)):
             b_to_a[name] = (name, "name")
@@ -76,7 +76,8 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
             b_to_a[name] = (name, "name")
     _back_through_layout(gb, b_to_a, values_a, values_b)
     for node in gb.nodes:  # 2. structure, 3. values, in b's graph order (a node's inputs are paired first)
-        if node.domain == BLOCKED_LAYOUT:  # (values in a blocked layout: their elements in another order)
+        if _blocked(node):  # (values in a blocked layout: compared once unblocked)
+            _by_blocked_value(node, ga, gb, b_to_a, values_a, values_b)
             continue
         for k, out in enumerate(node.output):
             if out in b_to_a and b_to_a[out][1] == "name" and _far(values_a.get(out), values_b.get(out)):
@@ -132,6 +133,53 @@ def _back_through_layout(gb: _Graph, b_to_a: dict, values_a: dict, values_b: dic
         if src and src not in b_to_a and src in gb.producer and _same_size(e, values_b.get(src)) \
                 and not _far(e, values_b.get(out)) and not _far(e, values_b.get(src)):
             b_to_a[src] = (twin, "structure")  # (a kept name on another value, a clamping range: not followed)
+
+
+BLOCKS = (8, 16)  # onnxruntime's channel blocks: 8 floats (AVX2), 16 (AVX-512)
+
+
+def _blocked(node) -> bool:
+    """A node of onnxruntime's NCHWc layout whose outputs are blocked (``ReorderOutput`` unblocks)."""
+    return node.domain == BLOCKED_LAYOUT and node.op_type != "ReorderOutput"
+
+
+def block_size(how: str) -> int:
+    """The channel block of a value paired in onnxruntime's NCHWc layout (``"nchwc16"``), else 0."""
+    return int(how[5:]) if how.startswith("nchwc") else 0
+
+
+def unblocked(x: np.ndarray, block: int) -> np.ndarray:
+    """A value in NCHWc layout (``[N, C/block, H, W, block]`` in memory, reported ``[N, C, H, W]``) as NCHW."""
+    n, c, *space = x.shape
+    moved = x.reshape(n, c // block, *space, block)
+    return np.moveaxis(moved, -1, 2).reshape(x.shape)
+
+
+def blocked(x: np.ndarray, block: int) -> np.ndarray:
+    """``unblocked``'s inverse: an NCHW value laid out as onnxruntime's NCHWc nodes read it."""
+    n, c, *space = x.shape
+    return np.ascontiguousarray(np.moveaxis(x.reshape(n, c // block, block, *space), 2, -1)).reshape(x.shape)
+
+
+def _by_blocked_value(node, ga: _Graph, gb: _Graph, b_to_a: dict, values_a: dict, values_b: dict) -> None:
+    """The outputs of a node in onnxruntime's NCHWc layout, paired by value once unblocked (the block
+    size is the one that makes the value equal one of a's)."""
+    for out in node.output:
+        got = values_b.get(out)
+        if out in b_to_a or not _is_float(got) or got.ndim < 3:
+            continue
+        ancestors = [b_to_a[i][0] for i in node.input if i in b_to_a]
+        below = [ga.downstream(v) for v in ancestors]
+        candidates = [v for v in _of_size(values_a, got.size) if v not in ancestors and all(v in d for d in below)]
+        best = None
+        for block in BLOCKS:
+            if got.shape[1] % block:
+                continue
+            twin, err = _closest(unblocked(got, block), candidates, values_a, ga, VALUE_MATCH)
+            if twin is not None and (best is None or err < best[1]):
+                best = (twin, err, block)
+        if best is not None:
+            b_to_a[out] = (best[0], f"nchwc{best[2]}")
 
 
 def _quantization_parameters(gb: _Graph) -> set[str]:
@@ -362,7 +410,7 @@ def _b_only(gb: _Graph, b_to_a: dict, values_b: dict) -> dict[str, str]:
             continue
         node = gb.producer[v]
         x = values_b.get(v)
-        if node.domain == BLOCKED_LAYOUT:
+        if _blocked(node):
             why[v] = "in onnxruntime's blocked NCHWc layout: not comparable element by element"
         elif node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") or (x is not None and x.dtype.kind in "iu"
                                                                            and node.op_type != "Shape"):

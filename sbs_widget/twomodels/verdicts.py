@@ -23,14 +23,14 @@ import dataclasses
 
 import numpy as np
 
-from sbs_widget.twomodels.match import Matching, _Graph
+from sbs_widget.twomodels.match import Matching, _Graph, block_size, unblocked
 
 FLOAT16_ENVELOPE = 0.02  # ~40 float16 roundings of the value's magnitude
 QUANTIZED_ENVELOPE = 0.25  # ~32 int8 steps of the value's range
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
              "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "MatMulIntegerToFloat",
              "DynamicQuantizeMatMul", "QAttention", "QGemm"}
-LAYOUT_ONLY = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+LAYOUT_ONLY = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "ReorderInput", "ReorderOutput"}
 SAME, FOLLOWS_A, DEPARTS, ROUNDING, INHERITS = "same", "follows a", "departs", "rounding", "inherits"
 
 
@@ -63,6 +63,7 @@ class ValuePlan:
     precision: str
     transformation: str
     order: int
+    block: int = 0  # held in onnxruntime's NCHWc layout with this channel block (compared unblocked)
 
 
 def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) -> list[ValuePlan]:
@@ -81,7 +82,7 @@ def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) 
         node = gb.producer[v]
         blamed = _blamed_node(node, chain, gb, values_b, matching)
         out.append(ValuePlan(v, pair[0], node.name, node.op_type, blamed.name, blamed.op_type, precision,
-                             _transformation(chain, node, precision), position))
+                             _transformation(chain, node, precision), position, block_size(pair[1])))
     return out
 
 
@@ -93,6 +94,8 @@ def local_verdicts(plans: list[ValuePlan], values_a: dict, local: dict, atol: fl
         mine, theirs = local.get(plan.b_value), values_a.get(plan.a_value)
         if mine is None or theirs is None or mine.dtype.kind != "f" or mine.size != theirs.size:
             continue
+        if plan.block:
+            mine = unblocked(mine, plan.block)
         e, g = _in_b_type(theirs, mine)
         err = _relative(e, g)
         if plan.precision == "float32":
@@ -187,12 +190,13 @@ def _blamed_node(node, chain: list, gb: _Graph, values_b: dict, matching: Matchi
             got = values_b.get(n.output[0])
             if got is not None and got.dtype.kind == "f" and n.output[0] not in matching.b_to_a:
                 return n  # a converted weight that equals no weight of a (the value pass found none)
-    while node.op_type in LAYOUT_ONLY and node.input:  # a reshape moves what the node before it computed
-        upstream = next((n for n in chain if node.input[0] in n.output), None)
-        if upstream is None:
-            break
-        node = upstream
-    return node
+    # the first node of the chain that computes (not a reshape, not a weight's conversion): the values
+    # between it and the value are b's own, not paired (a fused node's, or wrong), so the departure can
+    # start no later than there
+    position = {id(n): k for k, n in enumerate(gb.nodes)}
+    computing = [n for n in chain if n.op_type not in LAYOUT_ONLY
+                 and not all(i in gb.initializers or gb.constant(i) for i in n.input if i)]
+    return min(computing, key=lambda n: position[id(n)]) if computing else node
 
 
 def _transformation(chain: list, node, precision: str) -> str:
