@@ -119,8 +119,8 @@ def main() -> int:
     cache_mib = sum(t.numel() * t.element_size() for name, t in gen.inputs[-1].items()
                     if any(name == n for _, n in gen.mapping.cache)) / 2**20
     held = {}  # every tensor the decoding keeps for the steps' inputs, counted once per storage
-    for k in range(len(gen.inputs)):
-        for t in gen.inputs[k].values():
+    for step in range(len(gen.inputs)):
+        for t in gen.inputs[step].values():
             if isinstance(t, torch.Tensor):
                 held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     held_mib = sum(held.values()) / 2**20
