@@ -38,7 +38,8 @@ export function describeModels(state) {
   const counts = s.counts && typeof s.counts === "object" ? s.counts : {};
   const parts = Object.entries(counts).map(([k, n]) => `${fmtInt(n)} ${visible(k)}`);
   const summary = status === "done"
-    ? `${fmtInt(num(s.n_paired) ?? 0)} of ${fmtInt(num(s.n_records) ?? 0)} rows paired with b · ${fmtInt(num(s.n_departs) ?? 0)} where b departs · ${fmtInt(num(s.n_culprits) ?? 0)} culprit${s.n_culprits === 1 ? "" : "s"} in b`
+    ? `${fmtInt(num(s.n_paired) ?? 0)} of ${fmtInt(num(s.n_records) ?? 0)} rows paired with b · ${fmtInt(num(s.n_departs) ?? 0)} where b departs`
+      + (num(s.n_culprits) === null ? "" : ` · ${fmtInt(s.n_culprits)} culprit${s.n_culprits === 1 ? "" : "s"} in b`)
       + (parts.length ? ` (${parts.join(", ")})` : "")
     : status === "error" ? `failed: ${visible(String(s.message || ""), true)}` : visible(String(s.message || status));
   return { state: status, summary, departs: num(s.n_departs) ?? 0 };

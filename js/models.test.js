@@ -46,6 +46,8 @@ test("the b verdict: the status, else why the value has no twin in b; the filter
   assert.equal(describeModels({}).state, "");
   assert.equal(describeModels({ status: "error", message: "boom" }).summary, "failed: boom");
   assert.ok(describeModels(STATE).summary.startsWith("3 of 4 rows paired with b · 2 where b departs · 1 culprit in b"));
+  // records of two models computed elsewhere (the CLI's offline page): no culprit count to give
+  assert.equal(describeModels({ ...STATE, n_culprits: null, counts: {} }).summary, "3 of 4 rows paired with b · 2 where b departs");
 });
 
 test("the view: b's columns as text, the 'b departs' filter narrows the rows, sorting by b err_abs", async () => {

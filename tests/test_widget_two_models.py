@@ -223,3 +223,17 @@ def test_values_fused_away_in_b_say_so_on_their_rows():
     assert fused and all(r["b_status"] is None for r in fused)
     assert w.models_b["n_departs"] == 0 and w.culprits == []
     assert w.models_b["a_only"] == len(w.models.a_only) > 0
+
+
+def test_records_of_two_models_saved_elsewhere_show_b_offline(widget, tmp_path):
+    """``write_html_report`` of bare records carrying b's fields (what ``compare --onnx-b -o x.html`` has): the
+    page's state says two models, so the view shows b's columns and filter; records of one model do not."""
+    import dataclasses
+
+    from sbs_widget.views.report import write_html_report
+
+    page = write_html_report(widget.records, tmp_path / "records.html").read_text(encoding="utf-8")
+    assert '"models_b":{"status":"done"' in page
+    one = [dataclasses.replace(r, b_name=None, b_status=None) for r in widget.records]  # copies: the fixture stays
+    plain = write_html_report(one, tmp_path / "plain.html").read_text(encoding="utf-8")
+    assert '"models_b":{}' in plain and '"onnx_b_dot":""' in plain

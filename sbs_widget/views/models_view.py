@@ -45,6 +45,18 @@ def models_state(found, status: str = "done", message: str = "") -> dict:
                       "b_nodes": len(b_model.graph.node) if b_model is not None else None})
 
 
+def records_state(records) -> dict | None:
+    """The ``models_b`` state of records carrying b's fields computed elsewhere (the CLI's ``--onnx-b``), for
+    the offline page; None when no record has a twin in b."""
+    records = list(records)
+    if not any(r.b_name is not None for r in records):
+        return None
+    counts = Counter(r.b_status for r in records if r.b_status is not None)
+    return {"status": "done", "message": "", "n_records": len(records), "counts": dict(counts),
+            "n_paired": sum(r.b_name is not None for r in records), "n_departs": sum(counts[s] for s in B_DEPARTS),
+            "n_culprits": None}
+
+
 def b_culprits_state(found) -> list[dict]:
     """b's culprits as the panel lists them: ``BCulprit.to_dict()`` with ``side: "b"``, ``onnx_op_type`` and
     ``i``, the row of the culprit's value of b (else of its node, else of the value of a it is paired with)."""

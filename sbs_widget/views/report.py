@@ -121,6 +121,12 @@ def write_html_report(records, path, *, title: str = "sbs_widget report", atol: 
     state = view_state(runs, title=title, atol=atol, rtol=rtol, reset_names=reset_names, fx_dot=fx_dot,
                        onnx_dot=onnx_dot, prepared=prepared, deployed=deployed, culprits=culprits, decoding=decoding)
     state.update(models or {})
+    if "models_b" not in state:  # records of two models computed elsewhere (the CLI's --onnx-b): b's columns
+        from sbs_widget.views.models_view import records_state
+
+        found = records_state(runs[-1].records)
+        if found is not None:
+            state["models_b"] = found
     extra, spread = None, ""
     if input_sets is not None:
         from sbs_widget.shared_rules import spread_columns
