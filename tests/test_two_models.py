@@ -55,6 +55,11 @@ def test_a_fault_placed_in_b_is_named_first(name, fault, transform):
     bad, edited = B_FAULTS[fault](_transformed(name, transform))
     found = sbs_widget.compare_models(prog, a, bad, args, kwargs)
     assert found.culprits and found.culprits[0].onnx_node in edited, (found.culprits[:3], edited)
+    said = {"wrong_rewrite": ("rewritten: a's",), "bad_float16_cast": ("converted to float16", "rewritten: a's"),
+            "quant_scale_2x": ("quantized",), "fused_wrong_constant": ("fused: ",)}[fault]
+    assert found.culprits[0].transformation.startswith(said), found.culprits[0].transformation
+    if fault == "bad_float16_cast":  # (the cast the fault inserted, named as such)
+        assert found.culprits[0].op_type == "Cast"
     assert any(r.b_status == V.DEPARTS for r in found.records) or found.culprits[0].b_value not in \
         {r.b_name for r in found.records}
 

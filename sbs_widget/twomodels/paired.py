@@ -58,13 +58,18 @@ def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple
                         None, [], None)
     values_a, values_b = made.values_a(feeds), made.values_b(feeds)
     matching = match_models(a_model, model, values_a, values_b)
-    made = dataclasses.replace(made, matching=matching, plans=plan_values(_Graph(model), matching, values_a, values_b),
-                               rewired=rewire(model, matching, values_a, values_b))
+    plans = plan_values(_Graph(model), matching, values_a, values_b, _ops(a_model))
+    rewired = rewire(model, matching, values_a, values_b)
+    made = dataclasses.replace(made, matching=matching, plans=plans, rewired=rewired)
     with _LOCK:
         _PAIRED[key] = made
         while len(_PAIRED) > KEPT:
             _PAIRED.popitem(last=False)
     return made, (values_a, values_b)
+
+
+def _ops(model: onnx.ModelProto) -> dict[str, str]:
+    return {o: n.op_type for n in model.graph.node for o in n.output if o}
 
 
 _LOADED: dict = {}

@@ -66,8 +66,10 @@ class ValuePlan:
     block: int = 0  # held in onnxruntime's NCHWc layout with this channel block (compared unblocked)
 
 
-def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) -> list[ValuePlan]:
-    """A plan for every float value of b paired with a value of a, in b's graph order."""
+def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict,
+                a_ops: dict[str, str] | None = None) -> list[ValuePlan]:
+    """A plan for every float value of b paired with a value of a, in b's graph order (``a_ops``: the op
+    computing each value of a, to say what the transformation made of it)."""
     fed = {v for v, (x, how) in matching.b_to_a.items() if x in values_a and how != "dequantized"}  # (local.py's)
     out = []
     for position, v in enumerate(gb.order):
@@ -82,7 +84,8 @@ def plan_values(gb: _Graph, matching: Matching, values_a: dict, values_b: dict) 
         node = gb.producer[v]
         blamed = _blamed_node(node, chain, gb, values_b, matching)
         out.append(ValuePlan(v, pair[0], node.name, node.op_type, blamed.name, blamed.op_type, precision,
-                             _transformation(chain, node, precision), position, block_size(pair[1])))
+                             _transformation(chain, node, precision, (a_ops or {}).get(pair[0])), position,
+                             block_size(pair[1])))
     return out
 
 
@@ -199,12 +202,22 @@ def _blamed_node(node, chain: list, gb: _Graph, values_b: dict, matching: Matchi
     return min(computing, key=lambda n: position[id(n)]) if computing else node
 
 
-def _transformation(chain: list, node, precision: str) -> str:
+def _transformation(chain: list, node, precision: str, a_op: str | None) -> str:
+    """What the transformation made of the value, in words: quantized, converted to float16, in a blocked
+    layout, fused (a node of b computing what several of a's did), rewritten (another op), or a's op."""
     ops = sorted({n.op_type for n in chain})
     if precision == "quantized":
         return "quantized: " + ", ".join(ops)
     if precision == "float16":
-        return "in float16: " + ", ".join(ops)
-    domain = f"{node.domain}." if node.domain else ""
-    return f"computed by {domain}{node.op_type}" + (f" (with {', '.join(o for o in ops if o != node.op_type)})"
-                                                     if len(ops) > 1 else "")
+        return "converted to float16: " + ", ".join(ops)
+    name = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+    if node.domain == "com.microsoft.nchwc":
+        return f"in onnxruntime's NCHWc layout: {name}" + (f" for a's {a_op}" if a_op else "")
+    if a_op is None:
+        return f"computed by {name}"
+    if len(ops) > 1 or node.domain:
+        return f"fused: {name} computes a's {a_op}" + (f" (with {', '.join(o for o in ops if o != node.op_type)})"
+                                                       if len(ops) > 1 else "")
+    if node.op_type != a_op:
+        return f"rewritten: a's {a_op} as {node.op_type}"
+    return f"a's {a_op}, as b has it"
