@@ -36,7 +36,7 @@ def main() -> int:
     b = TRANSFORMS[a.transform](model, [feeds_for(model, args, kwargs)])
     p = prepare(prog, model)
     list(p.run(args, kwargs))  # (sessions compiled: the runs below are reruns for both)
-    compare_models(prog, model, b, args, kwargs)
+    compare_models(p, None, b, args, kwargs)
     two, three = [], []
     for _ in range(a.repeat):
         # fresh tensors (the same values): a rerun on the very same tensors would restart from its cuts
@@ -47,7 +47,7 @@ def main() -> int:
                 list(p.run(*fresh[0]))
                 two.append(time.perf_counter() - begin)
             else:
-                found = compare_models(prog, model, b, *fresh[1])
+                found = compare_models(p, None, b, *fresh[1])  # (the prepared pair, as the two-way run uses it)
                 three.append(time.perf_counter() - begin)
     med = statistics.median
     print(f"model {a.model} {size or ''}, b = {a.transform}: {len(found.records)} records, b's values paired "

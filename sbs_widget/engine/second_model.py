@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from concurrent.futures import Future
 from typing import Mapping
 
 import numpy as np
@@ -33,8 +32,7 @@ class BPaired:
 class SecondModel:
     """``b``'s values keyed by the value of ``a`` each is paired with, for one run's inputs."""
 
-    # (or a Future of it: b's run may go on beside the lockstep; the first measure waits for it)
-    paired: Mapping[str, BPaired] | Future
+    paired: Mapping[str, BPaired]
     # tells runs apart (a rerun restarts from a run's cuts only with the same second model)
     token: int = dataclasses.field(default_factory=itertools.count().__next__)
 
@@ -43,7 +41,7 @@ class SecondModel:
         ``onnx_name`` against torch's, by the run's tolerance, all pairs in one batched pass
         (``compute_errors_many``)."""
         ready, pairs = [], []
-        paired = self.paired.result() if isinstance(self.paired, Future) else self.paired
+        paired = self.paired
         for rec, expected in items:
             other = paired.get(rec.onnx_name) if rec.onnx_name is not None else None
             if other is None:

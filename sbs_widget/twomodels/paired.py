@@ -10,6 +10,7 @@ import dataclasses
 import os
 import threading
 
+import numpy as np
 import onnx
 
 from sbs_widget.engine.entry import Prepared
@@ -34,6 +35,7 @@ class PairedModels:
     matching: Matching
     plans: list[ValuePlan]
     rewired: Rewired
+    a_shapes: dict = dataclasses.field(default_factory=dict)  # each value of a's shape (on the first inputs)
 
     def values_a(self, feeds: dict) -> dict:
         return all_values(self.a_model, feeds, key=("a", id(self.prepared)), owner=self.prepared)
@@ -60,7 +62,8 @@ def paired_models(prepared: Prepared, b, feeds: dict, providers_b=None) -> tuple
     matching = match_models(a_model, model, values_a, values_b)
     plans = plan_values(_Graph(model), matching, values_a, values_b, _ops(a_model))
     rewired = rewire(model, matching, values_a, values_b)
-    made = dataclasses.replace(made, matching=matching, plans=plans, rewired=rewired)
+    made = dataclasses.replace(made, matching=matching, plans=plans, rewired=rewired,
+                               a_shapes={k: np.shape(v) for k, v in values_a.items()})
     with _LOCK:
         _PAIRED[key] = made
         while len(_PAIRED) > KEPT:
