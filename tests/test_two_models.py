@@ -147,3 +147,22 @@ def test_the_exporters_optimizer_against_its_own_translation():
     ep, a, b, args, kwargs = exporter_optimize_pair("llama")
     found = sbs_widget.compare_models(ep, a, b, args, kwargs)
     assert found.matching.coverage >= 0.9 and not found.culprits
+
+
+def test_b_from_a_file_goes_through_the_untrusted_file_checks(tmp_path):
+    """b read from a path is loaded as every model from anyone is (``load/readers.load_onnx_model``): an
+    initializer whose external data points outside the model's folder is refused, nothing is read there."""
+    import onnx
+
+    prog, a, args, kwargs = _export("resnet")
+    b = _transformed("resnet", "ort_extended")
+    onnx.save_model(b, tmp_path / "b.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="b.onnx.data", size_threshold=0)
+    lean = onnx.load(tmp_path / "b.onnx", load_external_data=False)
+    t = next(t for t in lean.graph.initializer if t.external_data)
+    next(e for e in t.external_data if e.key == "location").value = "../" + tmp_path.name + "/b.onnx.data"
+    onnx.save_model(lean, tmp_path / "escape.onnx")
+    with pytest.raises(sbs_widget.LoadError):
+        sbs_widget.compare_models(prog, a, str(tmp_path / "escape.onnx"), args, kwargs)
+    found = sbs_widget.compare_models(prog, a, str(tmp_path / "b.onnx"), args, kwargs)  # the file as saved: fine
+    assert found.matching.coverage == 1.0 and not found.culprits

@@ -229,6 +229,7 @@ class _Graph:
                     self.producer[o] = n
                     self.order.append(o)
         self.position = {v: i for i, v in enumerate([*self.inputs, *self.order])}
+        self.node_position = {id(n): k for k, n in enumerate(self.nodes)}
         self._downstream: dict[str, set[str]] = {}
         self._constant = self._constants()
 

@@ -15,6 +15,7 @@ import onnx
 
 from sbs_widget.engine.entry import Prepared
 from sbs_widget.errors import InputError
+from sbs_widget.load.readers import load_onnx_model
 from sbs_widget.twomodels.local import Rewired, rewire
 from sbs_widget.twomodels.match import Matching, _Graph, match_models
 from sbs_widget.twomodels.values import all_values
@@ -81,7 +82,7 @@ _LOADED: dict = {}
 def _load(b) -> tuple[onnx.ModelProto, tuple]:
     """b as a ModelProto, and what identifies it: the file's path, size and time, or the object."""
     if isinstance(b, onnx.ModelProto):
-        return b, (id(b),)
+        return load_onnx_model(b), (id(b),)  # (checked as every model from anyone: load/onnx_checks.py)
     if isinstance(b, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(b))
         if not os.path.exists(path):
@@ -90,6 +91,6 @@ def _load(b) -> tuple[onnx.ModelProto, tuple]:
         key = (path, st.st_size, st.st_mtime_ns)
         hit = _LOADED.get(path)
         if hit is None or hit[0] != key:
-            hit = _LOADED[path] = (key, onnx.load(path))
+            hit = _LOADED[path] = (key, load_onnx_model(path))  # (checked; external data kept to its folder)
         return hit[1], key
     raise InputError(f"b: an onnx.ModelProto or a path to the transformed model, not {type(b).__name__}")

@@ -196,10 +196,9 @@ def _blamed_node(node, chain: list, gb: _Graph, values_b: dict, matching: Matchi
     # the first node of the chain that computes (not a reshape, not a weight's conversion): the values
     # between it and the value are b's own, not paired (a fused node's, or wrong), so the departure can
     # start no later than there
-    position = {id(n): k for k, n in enumerate(gb.nodes)}
     computing = [n for n in chain if n.op_type not in LAYOUT_ONLY
                  and not all(i in gb.initializers or gb.constant(i) for i in n.input if i)]
-    return min(computing, key=lambda n: position[id(n)]) if computing else node
+    return min(computing, key=lambda n: gb.node_position[id(n)]) if computing else node
 
 
 def _transformation(chain: list, node, precision: str, a_op: str | None) -> str:
