@@ -64,6 +64,7 @@ def match_models(a: onnx.ModelProto, b: onnx.ModelProto, values_a: dict[str, np.
     """Pair the values of ``b`` with those of ``a`` (see the module's docstring); ``values_*``: each model's
     values on the same inputs (``values.all_values``)."""
     ga, gb = _Graph(a), _Graph(b)
+    values_a = _Values(values_a)
     weights_a = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}
     b_to_a: dict[str, tuple[str, str]] = {}
     for name in gb.order:  # 1. names kept
@@ -170,7 +171,7 @@ def _by_blocked_value(node, ga: _Graph, gb: _Graph, b_to_a: dict, values_a: dict
             continue
         ancestors = [b_to_a[i][0] for i in node.input if i in b_to_a]
         below = [ga.downstream(v) for v in ancestors]
-        candidates = [v for v in _of_size(values_a, got.size) if v not in ancestors and all(v in d for d in below)]
+        candidates = [v for v in values_a.of_size(got.size) if v not in ancestors and all(v in d for d in below)]
         best = None
         for block in BLOCKS:
             if got.shape[1] % block:
@@ -331,7 +332,7 @@ def _by_value(out: str, node, ga: _Graph, gb: _Graph, b_to_a, values_a, values_b
     ancestors = list(dict.fromkeys(b_to_a[i][0] for i in sources if i in b_to_a))
     if ancestors:
         below = [ga.downstream(v) for v in ancestors]
-        candidates = [v for v in _of_size(values_a, got.size)
+        candidates = [v for v in values_a.of_size(got.size)
                       if v not in ancestors and all(v in d for d in below)]
         pool = values_a
     elif all(i in gb.initializers or gb.constant(i) for i in node.input if i):
@@ -343,27 +344,24 @@ def _by_value(out: str, node, ga: _Graph, gb: _Graph, b_to_a, values_a, values_b
     if best_err > EXACT_MATCH and pool is values_a:
         # not equal within rounding in the window (an upstream value paired by a near miss): anywhere in a,
         # when some value is far closer
-        anywhere, err = _closest(got, _of_size(values_a, got.size), pool, ga, best_err / 10)
+        anywhere, err = _closest(got, values_a.of_size(got.size), pool, ga, best_err / 10)
         if anywhere is not None:
             best = anywhere
     return best
 
 
-_SIZES: dict[int, tuple] = {}
+class _Values(dict):
+    """a's values (name -> array), with the float ones indexed by their number of elements (the value pass
+    looks candidates up by size)."""
 
-
-def _of_size(values: dict, size: int) -> list[str]:
-    """The float values of ``values`` with ``size`` elements (an index built once per dict)."""
-    index = _SIZES.get(id(values))
-    if index is None or index[0] is not values:
-        by_size: dict[int, list[str]] = defaultdict(list)
-        for name, x in values.items():
-            if _is_float(x):
-                by_size[np.size(x)].append(name)
-        index = _SIZES[id(values)] = (values, by_size)
-        while len(_SIZES) > 4:
-            _SIZES.pop(next(iter(_SIZES)))
-    return index[1].get(size, [])
+    def of_size(self, size: int) -> list[str]:
+        index = self.__dict__.get("_by_size")
+        if index is None:
+            index = self.__dict__["_by_size"] = defaultdict(list)
+            for name, x in self.items():
+                if _is_float(x):
+                    index[np.size(x)].append(name)
+        return index.get(size, [])
 
 
 def _closest(got: np.ndarray, candidates, pool: dict, ga: _Graph, within: float) -> tuple[str | None, float]:
